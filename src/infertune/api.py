@@ -1,0 +1,363 @@
+"""optimize(): the pipeline, and nothing specific to any one backend.
+
+    inputs -> reference -> candidates -> prepare -> verify -> measure -> select -> Optimized
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .backends import BACKENDS, Backend, KerasEager
+from .environment import collect_environment
+from .errors import InputError, ModelError, OptionError, one_line
+from .inputs import InputSignature, build_signature
+from .measure import measure_interleaved, time_once, warm_up
+from .models import ModelSource, load_model
+from .optimized import Optimized
+from .progress import Progress
+from .report import CandidateResult, Report
+from .target import Target
+from .verify import Comparison, compare_outputs
+
+__all__ = ["optimize"]
+
+OBJECTIVES = ("latency", "throughput")
+PRECISIONS = ("fp32", "fp16", "bf16", "int8")
+DEFAULT_MEASURE_S = 5.0  # measurement budget when the caller gives no time_budget_s
+FRESH_INPUTS = 2  # random inputs at the sample's batch size, besides the sample itself
+
+
+@dataclass
+class _Check:
+    """One verification input and the reference outputs for it."""
+
+    label: str
+    inputs: list[np.ndarray]
+    reference: list[np.ndarray]
+
+
+def optimize(
+    model: Any,
+    sample_input: Any,
+    *,
+    backends: Sequence[str | Backend] | None = None,
+    rtol: float = 1e-3,
+    atol: float = 1e-5,
+    objective: str = "latency",
+    time_budget_s: float | None = None,
+    precision: Iterable[str] = ("fp32",),
+    verbose: bool = True,
+) -> Optimized:
+    """Try every candidate backend that can run here and return the fastest correct one.
+
+    Args:
+        model: a keras.Model, tf.Module or tf.function, or the path of a SavedModel
+            directory or a .keras/.h5 file.
+        sample_input: one batch exactly as `model(sample_input)` takes it (array, tf.Tensor,
+            list/tuple or dict of them). Axis 0 is the batch.
+        backends: candidate names to try (see `infertune.available_backends()`), or Backend
+            instances; None tries every candidate that can run here. The model's own call
+            is always measured as the reference.
+        rtol, atol: output-match tolerance (scale-aware, see docs/verification.md).
+        objective: "latency" (median per call) or "throughput" (samples/s at the sample's
+            batch size).
+        time_budget_s: budget for the whole call; candidates not reached are "skipped".
+        precision: precisions allowed ("fp32", "fp16", "bf16", "int8"); reduced-precision
+            candidates must still pass verification under rtol/atol.
+        verbose: progress lines on stderr.
+
+    Returns:
+        An `Optimized` callable; its `.report` says what was tried and why it was chosen.
+    """
+    progress = Progress(verbose)
+    precisions = _check_options(rtol, atol, objective, time_budget_s, precision)
+    deadline = math.inf if time_budget_s is None else time.perf_counter() + time_budget_s
+
+    source = load_model(model)
+    signature, sample = build_signature(sample_input, source.declared_inputs, source.default_float)
+    progress.say(f"{source.description}; inputs {signature.describe()}")
+    candidates = _candidates(source, backends, precisions)
+
+    reference, outputs, first_call_s = _reference(source, signature, sample)
+    target = Target(source, signature, outputs, [ref.dtype for ref in reference])
+    checks = _checks(source, signature, sample, reference, progress)
+
+    results: list[CandidateResult] = []
+    contenders: dict[str, Backend] = {}
+    for backend in candidates:
+        result = CandidateResult(name=backend.name, status="ok", precision=backend.precision)
+        results.append(result)
+        reason = backend.available()
+        if reason is not None:
+            result.status, result.reason = "unavailable", reason
+            continue
+        if time.perf_counter() > deadline and backend is not candidates[0]:
+            result.status = "skipped"
+            result.reason = f"not reached within time_budget_s={time_budget_s:g}"
+            continue
+        first = first_call_s if isinstance(backend, KerasEager) else None
+        if _prepare_and_verify(backend, target, checks, result, rtol, atol, progress, first):
+            contenders[backend.name] = backend
+        else:
+            backend.close()
+
+    reference_result = results[0]
+    if reference_result.status != "ok":
+        raise ModelError(
+            f"The model does not reproduce its own outputs on the same input "
+            f"({reference_result.reason}); a model with randomness at inference (dropout in "
+            f"training mode, random layers) cannot be verified."
+        )
+
+    budget = DEFAULT_MEASURE_S if time_budget_s is None else max(0.2, deadline - time.perf_counter())
+    _measure(contenders, sample, results, signature, budget, progress)
+    chosen, why = _select(results, objective)
+    for name, backend in contenders.items():
+        if name != chosen.name:
+            backend.close()
+
+    report = Report(
+        model=source.description,
+        signature=signature.describe(),
+        batch_size=signature.sample_batch,
+        objective=objective,
+        rtol=rtol,
+        atol=atol,
+        candidates=results,
+        environment=collect_environment(),
+        selected=chosen.name,
+        selection_reason=why,
+        total_s=progress.elapsed(),
+        notes=_notes(target, checks),
+    )
+    progress.say(f"selected {chosen.name}: {why}")
+    return Optimized(contenders[chosen.name], signature, outputs, report)
+
+
+def available_backends() -> list[str]:
+    """Names of the candidate backends infertune knows (whether or not they can run here)."""
+    return ["keras-eager", *BACKENDS]
+
+
+# -- steps ------------------------------------------------------------------------------------
+def _check_options(rtol, atol, objective, time_budget_s, precision) -> tuple[str, ...]:
+    if not (isinstance(rtol, int | float) and rtol >= 0 and isinstance(atol, int | float) and atol >= 0):
+        raise OptionError(f"rtol and atol must be numbers >= 0. Received: rtol={rtol!r}, atol={atol!r}.")
+    if objective not in OBJECTIVES:
+        raise OptionError(f"objective must be one of {OBJECTIVES}. Received: objective={objective!r}.")
+    if time_budget_s is not None and not (
+        isinstance(time_budget_s, int | float) and time_budget_s > 0
+    ):
+        raise OptionError(f"time_budget_s must be a positive number or None. Received: {time_budget_s!r}.")
+    precisions = (precision,) if isinstance(precision, str) else tuple(precision)
+    unknown = [p for p in precisions if p not in PRECISIONS]
+    if unknown or not precisions:
+        raise OptionError(f"precision must be a subset of {PRECISIONS}. Received: {precision!r}.")
+    return precisions
+
+
+def _candidates(
+    source: ModelSource, backends: Sequence[str | Backend] | None, precisions: tuple[str, ...]
+) -> list[Backend]:
+    """The reference first, then the requested (or all registered) backends."""
+    reference = KerasEager("keras-eager" if source.is_keras else "original")
+    if backends is None:
+        chosen: list[Backend] = [cls() for cls in BACKENDS.values()]
+    else:
+        if isinstance(backends, str):
+            backends = [backends]
+        chosen = []
+        for item in backends:
+            if isinstance(item, Backend):
+                chosen.append(item)
+            elif item in ("keras-eager", "original"):
+                continue  # the reference is always measured
+            elif item in BACKENDS:
+                chosen.append(BACKENDS[item]())
+            else:
+                raise OptionError(
+                    f"Unknown backend {item!r}. Known backends: {available_backends()}."
+                )
+    names = [reference.name] + [b.name for b in chosen]
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise OptionError(f"Backend names must be unique; repeated: {duplicates}.")
+    return [reference] + [b for b in chosen if b.precision in precisions]
+
+
+def _reference(
+    source: ModelSource, signature: InputSignature, sample: list[np.ndarray]
+) -> tuple[list[np.ndarray], Any, float]:
+    """The model's own outputs on the sample, their structure, and the first call's time."""
+    try:
+        (flat, structure), seconds = time_once(lambda: source.call_flat(signature, sample))
+    except Exception as exc:
+        raise InputError(
+            f"The model rejected the sample: {one_line(exc)}. Expected inputs: "
+            f"{signature.describe()}."
+        ) from exc
+    for i, array in enumerate(flat):
+        if array.dtype == object or array.dtype.kind not in "biufc":
+            raise ModelError(f"Output {i} of the model has dtype {array.dtype}; infertune handles numeric outputs.")
+    return flat, structure, seconds
+
+
+def _checks(
+    source: ModelSource,
+    signature: InputSignature,
+    sample: list[np.ndarray],
+    reference: list[np.ndarray],
+    progress: Progress,
+) -> list[_Check]:
+    """The sample, fresh random inputs like it, and one at another batch size if it is free."""
+    rng = np.random.default_rng(0)
+    batch = signature.sample_batch
+    wanted = [(f"random input {i + 1}", batch) for i in range(FRESH_INPUTS)]
+    if batch is not None and signature.batch_is_dynamic:
+        other = 1 if batch > 1 else 3
+        wanted.append((f"random input at batch {other}", other))
+    checks = [_Check("the sample", sample, reference)]
+    for label, size in wanted:
+        inputs = signature.random_inputs(rng, size)
+        try:
+            outputs, _ = source.call_flat(signature, inputs)
+        except Exception as exc:
+            progress.say(f"the model raised on {label}, verifying without it: {one_line(exc)}")
+            continue
+        checks.append(_Check(label, inputs, outputs))
+    return checks
+
+
+def _prepare_and_verify(
+    backend: Backend,
+    target: Target,
+    checks: list[_Check],
+    result: CandidateResult,
+    rtol: float,
+    atol: float,
+    progress: Progress,
+    first_call_s: float | None,
+) -> bool:
+    """Prepare one candidate, time its first call, verify it on every check. True if it passed."""
+    name = backend.name
+    stage = "prepare"
+    try:
+        progress.say(f"{name}: preparing")
+        _, result.prepare_s = time_once(lambda: backend.prepare(target))
+        stage = "first call"
+        outputs, seconds = time_once(lambda: backend.run(checks[0].inputs))
+        result.first_call_ms = 1e3 * (first_call_s if first_call_s is not None else seconds)
+        stage = "verification"
+        comparison = Comparison(True, "")
+        for check in checks:
+            if check is not checks[0]:
+                outputs = backend.run(check.inputs)
+            found = compare_outputs(outputs, check.reference, rtol, atol)
+            if not found:
+                found = Comparison(False, f"on {check.label}: {found.reason}", found.max_abs_err, found.max_rel_err)
+            comparison = comparison.merged(found)
+    except Exception as exc:  # a candidate's failure is reported, never raised
+        result.status, result.reason = "failed", f"{stage}: {one_line(exc)}"
+        progress.say(f"{name}: failed at {result.reason}")
+        return False
+    result.max_abs_err, result.max_rel_err = comparison.max_abs_err, comparison.max_rel_err
+    if not comparison:
+        result.status, result.reason = "mismatch", comparison.reason
+        progress.say(f"{name}: rejected, {comparison.reason}")
+        return False
+    progress.say(f"{name}: verified (relative error {comparison.max_rel_err:.1e})")
+    return True
+
+
+def _measure(
+    contenders: dict[str, Backend],
+    sample: list[np.ndarray],
+    results: list[CandidateResult],
+    signature: InputSignature,
+    budget_s: float,
+    progress: Progress,
+) -> None:
+    """Warm up, then time all contenders in interleaved rounds; fill in their statistics."""
+    runners = {name: (lambda b=backend: b.run(sample)) for name, backend in contenders.items()}
+    by_name = {r.name: r for r in results}
+    estimates = {}
+    for name, runner in list(runners.items()):
+        try:
+            estimates[name] = warm_up(runner)
+        except Exception as exc:
+            by_name[name].status, by_name[name].reason = "failed", f"warm-up: {one_line(exc)}"
+            del runners[name]
+    progress.say(f"measuring {', '.join(runners)} in interleaved rounds (up to {budget_s:.1f} s)")
+    measured = measure_interleaved(runners, budget_s=budget_s, per_call_estimate_s=estimates)
+    for name, reason in measured.errors.items():
+        by_name[name].status, by_name[name].reason = "failed", f"measurement: {reason}"
+    batch = signature.sample_batch or 1
+    for name, stats in measured.stats.items():
+        by_name[name].latency = stats
+        by_name[name].throughput = batch / (stats.mean / 1e3)
+    for name in list(contenders):
+        if by_name[name].status == "failed":
+            contenders.pop(name).close()
+
+
+def _select(results: list[CandidateResult], objective: str) -> tuple[CandidateResult, str]:
+    """The fastest by the objective; candidates within the noise margin of it tie, and a tie
+    goes to full precision, then the smaller error (by decade), then the cheaper prepare."""
+    measured = [r for r in results if r.status == "ok" and r.latency is not None]
+    if not measured:
+        raise ModelError("No candidate could be measured, not even the model itself.")
+
+    def cost(r: CandidateResult) -> float:  # ms per call by the objective's statistic
+        return r.latency.p50 if objective == "latency" else r.latency.mean
+
+    def margin(a: CandidateResult, b: CandidateResult) -> float:
+        return max(a.latency.spread, b.latency.spread, 0.01 * cost(a))
+
+    fastest = min(measured, key=cost)
+    tied = [r for r in measured if cost(r) - cost(fastest) <= margin(fastest, r)]
+    chosen = min(tied, key=_tie_key)
+    chosen.status = "selected"
+    baseline = results[0]
+    unit = "p50" if objective == "latency" else "mean"
+    why = f"{unit} {cost(chosen):.4g} ms"
+    if baseline is not chosen and baseline.latency is not None:
+        why += f", {cost(baseline) / cost(chosen):.1f}x faster than {baseline.name}"
+    if chosen is not fastest:
+        why += f"; ties within noise with {fastest.name} and is preferred ({_tie_words(chosen, fastest)})"
+    for r in measured:
+        if r is chosen:
+            continue
+        if r in tied:
+            r.reason = f"within noise of {chosen.name}; {chosen.name} preferred ({_tie_words(chosen, r)})"
+        else:
+            r.reason = f"{cost(r) / cost(chosen):.2f}x slower than {chosen.name} ({unit} {cost(r):.4g} ms)"
+    return chosen, why
+
+
+def _tie_key(r: CandidateResult) -> tuple:
+    error = r.max_rel_err or 0.0
+    decade = math.floor(math.log10(error)) if error > 0 else -99
+    return (r.precision != "fp32", decade, r.prepare_s or 0.0)
+
+
+def _tie_words(chosen: CandidateResult, other: CandidateResult) -> str:
+    a, b = _tie_key(chosen), _tie_key(other)
+    if a[0] != b[0]:
+        return "full precision"
+    if a[1] != b[1]:
+        return "more exact"
+    return "cheaper to prepare"
+
+
+def _notes(target: Target, checks: list[_Check]) -> list[str]:
+    notes = [f"verified on {len(checks)} inputs: " + ", ".join(c.label for c in checks)]
+    exported = target.shared_value("onnx")
+    if exported is not None:
+        notes.append(f"ONNX export (opset {exported.opset}) took {exported.seconds:.2f} s")
+    return notes

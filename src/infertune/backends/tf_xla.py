@@ -1,0 +1,14 @@
+"""`tf.function(jit_compile=True)`: XLA fuses the graph; it compiles again for each new shape."""
+
+from __future__ import annotations
+
+from .tf_function import TfFunction
+
+__all__ = ["TfXla"]
+
+
+class TfXla(TfFunction):
+    """XLA-compiled graph. Its first call on each input shape pays the compilation."""
+
+    name = "tf-xla"
+    jit_compile = True

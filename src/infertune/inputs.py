@@ -1,0 +1,329 @@
+"""Input signatures: what a model takes, checked on every call, and fresh inputs like the sample.
+
+The signature is built once from the user's sample and what the model declares (a Keras
+`model.input`, a tf.function's `input_signature`). The batch dimension (axis 0) is free
+unless the model fixes it. Calls are checked against the signature so that a wrong rank,
+dtype or feature shape fails with a message naming the input, not deep inside a runtime.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .errors import InputError
+from .structure import Structure, flatten
+
+__all__ = ["InputSpec", "InputSignature", "build_signature", "to_numpy"]
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    """One input tensor: its name, shape (None = any size), dtype and the sample's value range."""
+
+    name: str
+    shape: tuple[int | None, ...]
+    dtype: np.dtype
+    low: float = 0.0
+    high: float = 1.0
+
+    def describe(self) -> str:
+        dims = ", ".join("None" if d is None else str(d) for d in self.shape)
+        return f"{self.name}: shape ({dims}{',' if len(self.shape) == 1 else ''}) {self.dtype.name}"
+
+    def to_dict(self) -> dict:
+        return {
+            "name": self.name,
+            "shape": list(self.shape),
+            "dtype": self.dtype.name,
+            "low": self.low,
+            "high": self.high,
+        }
+
+
+def to_numpy(value: Any) -> np.ndarray:
+    """A numpy array from an array, a tf.Tensor or anything with `__array__`."""
+    if type(value) is np.ndarray:
+        return value
+    numpy_method = getattr(value, "numpy", None)
+    if callable(numpy_method):  # tf.Tensor, without importing TensorFlow
+        return np.asarray(numpy_method())
+    return np.asarray(value)
+
+
+def _is_array_like(value: Any) -> bool:
+    return isinstance(value, np.ndarray | np.generic) or callable(getattr(value, "numpy", None))
+
+
+class InputSignature:
+    """The model's inputs as a flat list of `InputSpec`, plus the structure the user passes."""
+
+    def __init__(
+        self,
+        specs: Sequence[InputSpec],
+        structure: Structure,
+        sample_shapes: Sequence[tuple[int, ...]],
+    ):
+        self.specs = tuple(specs)
+        self.structure = structure
+        self.sample_shapes = tuple(tuple(shape) for shape in sample_shapes)
+        batches = {shape[0] for shape in self.sample_shapes if shape}
+        self.sample_batch = batches.pop() if len(batches) == 1 else None
+        # The fixed dimensions of each input, precomputed once for the per-call check.
+        self._fixed = [
+            tuple((axis, size) for axis, size in enumerate(spec.shape) if size is not None)
+            for spec in self.specs
+        ]
+        self._single = structure.kind == "leaf"
+
+    @property
+    def names(self) -> list[str]:
+        return [spec.name for spec in self.specs]
+
+    @property
+    def batch_is_dynamic(self) -> bool:
+        return all(spec.shape and spec.shape[0] is None for spec in self.specs)
+
+    def describe(self) -> str:
+        return "; ".join(spec.describe() for spec in self.specs)
+
+    def to_dict(self) -> dict:
+        return {
+            "inputs": [spec.to_dict() for spec in self.specs],
+            "structure": self.structure.to_dict(),
+            "sample_shapes": [list(shape) for shape in self.sample_shapes],
+        }
+
+    # -- calls ---------------------------------------------------------------------------
+    def flatten(self, x: Any) -> list[np.ndarray]:
+        """Check a call's input against the signature and return it as a flat list of arrays."""
+        if self._single:
+            if isinstance(x, list | tuple | dict):
+                raise InputError(
+                    f"The model takes a single array. Received a {type(x).__name__}. "
+                    f"Expected: {self.describe()}."
+                )
+            return [self._check(0, x)]
+        if isinstance(x, dict) != (self.structure.kind == "dict") or not isinstance(
+            x, list | tuple | dict
+        ):
+            raise InputError(
+                f"The model takes a {self.structure.kind} of {len(self.specs)} inputs. "
+                f"Received a {type(x).__name__}. Expected: {self.describe()}."
+            )
+        leaves, structure = flatten(x)
+        if structure != self.structure:
+            raise InputError(
+                f"The input's structure does not match the model's: received "
+                f"{_structure_words(structure)}, expected {_structure_words(self.structure)} "
+                f"({self.describe()})."
+            )
+        arrays = [self._check(i, leaf) for i, leaf in enumerate(leaves)]
+        batch = arrays[0].shape[0] if arrays[0].ndim else None
+        for spec, array in zip(self.specs, arrays):
+            if array.ndim and array.shape[0] != batch:
+                raise InputError(
+                    f"All inputs must have the same batch size: '{self.specs[0].name}' has "
+                    f"{batch}, '{spec.name}' has {array.shape[0]}."
+                )
+        return arrays
+
+    def _check(self, i: int, value: Any) -> np.ndarray:
+        spec = self.specs[i]
+        array = value if type(value) is np.ndarray else to_numpy(value)
+        if array.dtype != spec.dtype:
+            array = _cast(array, spec)
+        if array.ndim != len(spec.shape):
+            raise InputError(
+                f"Input '{spec.name}' has rank {array.ndim} (shape {array.shape}); expected rank "
+                f"{len(spec.shape)}: {self.describe()}."
+            )
+        shape = array.shape
+        for axis, size in self._fixed[i]:
+            if shape[axis] != size:
+                raise InputError(
+                    f"Input '{spec.name}' has shape {shape}; dimension {axis} must be {size}: "
+                    f"{self.describe()}."
+                )
+        return array
+
+    # -- fresh inputs --------------------------------------------------------------------
+    def random_inputs(self, rng: np.random.Generator, batch: int | None = None) -> list[np.ndarray]:
+        """Inputs drawn like the sample: same shapes and dtypes, values in the sample's range."""
+        arrays = []
+        for spec, shape in zip(self.specs, self.concrete_shapes(batch)):
+            arrays.append(_draw(rng, spec, shape))
+        return arrays
+
+    def concrete_shapes(self, batch: int | None = None) -> list[tuple[int, ...]]:
+        shapes = []
+        for sample_shape in self.sample_shapes:
+            shape = list(sample_shape)
+            if batch is not None and shape:
+                shape[0] = batch
+            shapes.append(tuple(shape))
+        return shapes
+
+
+def _structure_words(structure: Structure) -> str:
+    if structure.kind == "dict":
+        return f"a dict with keys {list(structure.keys)}"
+    if structure.kind == "leaf":
+        return "a single array"
+    return f"a {structure.kind} of {len(structure.children)} items"
+
+
+def _cast(array: np.ndarray, spec: InputSpec) -> np.ndarray:
+    """Cast as Keras would (float64 -> float32, int64 -> int32); refuse a change of kind."""
+    if np.can_cast(array.dtype, spec.dtype, casting="same_kind") and not (
+        array.dtype.kind == "b" and spec.dtype.kind != "b"
+    ):
+        return array.astype(spec.dtype)
+    raise InputError(
+        f"Input '{spec.name}' has dtype {array.dtype.name}; expected {spec.dtype.name} "
+        f"(a {array.dtype.name} array cannot be cast to {spec.dtype.name} without changing "
+        f"its values' kind)."
+    )
+
+
+def _draw(rng: np.random.Generator, spec: InputSpec, shape: tuple[int, ...]) -> np.ndarray:
+    dtype = spec.dtype
+    if dtype.kind == "b":
+        return rng.integers(0, 2, size=shape).astype(bool)
+    if dtype.kind in "iu":
+        low, high = int(spec.low), int(spec.high)
+        return rng.integers(low, high + 1, size=shape, dtype=np.int64).astype(dtype)
+    low, high = spec.low, spec.high
+    if high <= low:  # a constant sample: vary around it so that inputs still differ
+        low, high = low - 1.0, high + 1.0
+    return rng.uniform(low, high, size=shape).astype(dtype)
+
+
+# -- building the signature --------------------------------------------------------------
+@dataclass(frozen=True)
+class DeclaredInput:
+    """What the model itself says about one input (shape with None, dtype), if anything."""
+
+    shape: tuple[int | None, ...] | None
+    dtype: np.dtype | None
+    name: str | None = None
+
+
+def build_signature(
+    sample: Any,
+    declared: Any | None,
+    default_float: np.dtype | None = None,
+) -> tuple[InputSignature, list[np.ndarray]]:
+    """Normalize the user's sample into (signature, flat arrays), checked against `declared`.
+
+    `declared` is the model's own input description: a structure of `DeclaredInput` leaves
+    (or None when the model declares nothing, as a subclassed Keras model). `default_float`
+    is the float dtype to use for undeclared float inputs (Keras' floatx).
+    """
+    if sample is None:
+        raise InputError("sample_input is None; pass one batch exactly as model(x) takes it.")
+    leaves, structure = flatten(sample)
+    if not leaves:
+        raise InputError(f"sample_input {type(sample).__name__} holds no arrays.")
+    names = structure.leaf_names()
+    if structure.kind == "leaf":
+        names = ["x"]
+    declared_leaves = _match_declared(structure, names, declared)
+    specs, arrays = [], []
+    for name, leaf, decl in zip(names, leaves, declared_leaves):
+        if not _is_array_like(leaf):
+            raise InputError(
+                f"Input '{name}' of the sample is a {type(leaf).__name__}; expected a numpy "
+                f"array or a tf.Tensor."
+            )
+        array = to_numpy(leaf)
+        spec = _spec_for(name, array, decl, default_float)
+        if array.dtype != spec.dtype:
+            array = _cast(array, spec)
+        _check_sample_values(name, array)
+        specs.append(spec)
+        arrays.append(array)
+    batches = {a.shape[0] for a in arrays if a.ndim}
+    if len(batches) > 1:
+        raise InputError(
+            f"The sample's inputs have different batch sizes {sorted(batches)}; axis 0 is the "
+            f"batch and must agree across inputs."
+        )
+    if 0 in batches:
+        raise InputError("The sample has an empty batch (size 0); pass at least one example.")
+    return InputSignature(specs, structure, [a.shape for a in arrays]), arrays
+
+
+def _match_declared(structure: Structure, names: list[str], declared: Any | None) -> list:
+    if declared is None:
+        return [None] * len(names)
+    declared_leaves, declared_structure = flatten(declared)
+    if len(declared_leaves) != len(names):
+        raise InputError(
+            f"The model takes {len(declared_leaves)} input(s) "
+            f"({_structure_words(declared_structure)}); the sample has {len(names)} "
+            f"({_structure_words(structure)})."
+        )
+    if structure.kind == "dict" and declared_structure.kind == "dict":
+        if set(structure.keys) != set(declared_structure.keys):
+            raise InputError(
+                f"The sample's keys {sorted(map(str, structure.keys))} do not match the model's "
+                f"inputs {sorted(map(str, declared_structure.keys))}."
+            )
+    return declared_leaves
+
+
+def _spec_for(
+    name: str, array: np.ndarray, decl: DeclaredInput | None, default_float: np.dtype | None
+) -> InputSpec:
+    if array.dtype.kind not in "biuf":
+        raise InputError(
+            f"Input '{name}' has dtype {array.dtype}; infertune handles bool, integer and "
+            f"float inputs."
+        )
+    if decl is not None and decl.shape is not None:
+        if len(decl.shape) != array.ndim:
+            raise InputError(
+                f"Input '{name}' of the sample has shape {array.shape}; the model expects rank "
+                f"{len(decl.shape)}: {_dims(decl.shape)}."
+            )
+        for axis, (want, got) in enumerate(zip(decl.shape, array.shape)):
+            if want is not None and want != got:
+                raise InputError(
+                    f"Input '{name}' of the sample has shape {array.shape}; the model expects "
+                    f"{_dims(decl.shape)} (dimension {axis} must be {want})."
+                )
+        shape = tuple(decl.shape)
+    else:
+        shape = (None, *array.shape[1:]) if array.ndim else ()
+    if decl is not None and decl.dtype is not None:
+        dtype = np.dtype(decl.dtype)
+    elif array.dtype.kind == "f" and default_float is not None:
+        dtype = np.dtype(default_float)
+    else:
+        dtype = array.dtype
+    low, high = _value_range(array)
+    return InputSpec(name, shape, dtype, low, high)
+
+
+def _dims(shape: tuple) -> str:
+    return "(" + ", ".join("None" if d is None else str(d) for d in shape) + ")"
+
+
+def _value_range(array: np.ndarray) -> tuple[float, float]:
+    if array.size == 0:
+        return 0.0, 1.0
+    if array.dtype.kind == "b":
+        return 0.0, 1.0
+    return float(array.min()), float(array.max())
+
+
+def _check_sample_values(name: str, array: np.ndarray) -> None:
+    if array.dtype.kind == "f" and not np.all(np.isfinite(array)):
+        raise InputError(
+            f"Input '{name}' of the sample contains NaN or Inf; verification compares outputs "
+            f"on finite inputs, so pass a sample of real data."
+        )

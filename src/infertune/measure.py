@@ -1,0 +1,170 @@
+"""The timing engine: warm-up, interleaved rounds, a stable-median stop, statistics.
+
+Every function timed here must return its result on the host (numpy arrays): backends copy
+outputs to host memory inside their call, so no asynchronous device work escapes the clock.
+Candidates are timed in interleaved rounds (A B C A B C ...), so that the drift of a shared
+machine hits all of them alike; a round gives each candidate a block of about `block_s`.
+Measurement stops when every candidate's last three round medians agree within
+`stable_rel`, or when the budget runs out; the statistics say how many calls they rest on.
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+from .errors import one_line
+
+__all__ = ["LatencyStats", "MeasureResult", "time_once", "warm_up", "measure_interleaved"]
+
+
+@dataclass(frozen=True)
+class LatencyStats:
+    """Latency statistics in milliseconds over `n` calls in `rounds` interleaved rounds."""
+
+    p50: float
+    p90: float
+    p99: float
+    mean: float
+    min: float
+    n: int
+    rounds: int
+    spread: float  # interquartile range of the per-round medians, ms: the noise margin
+    stable: bool  # the last three round medians agreed within the stability tolerance
+
+    @classmethod
+    def from_samples(
+        cls, samples_s: list[float], round_medians_s: list[float], stable: bool
+    ) -> LatencyStats:
+        ms = np.asarray(samples_s) * 1e3
+        rounds_ms = np.asarray(round_medians_s) * 1e3
+        if len(rounds_ms) >= 4:
+            q25, q75 = np.percentile(rounds_ms, [25, 75])
+            spread = float(q75 - q25)
+        else:
+            spread = float(rounds_ms.max() - rounds_ms.min()) if len(rounds_ms) else 0.0
+        p50, p90, p99 = (float(v) for v in np.percentile(ms, [50, 90, 99]))
+        return cls(
+            p50=p50,
+            p90=p90,
+            p99=p99,
+            mean=float(ms.mean()),
+            min=float(ms.min()),
+            n=int(ms.size),
+            rounds=len(rounds_ms),
+            spread=spread,
+            stable=stable,
+        )
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def time_once(fn: Callable[[], Any]) -> tuple[Any, float]:
+    """Call `fn` once; return its result and the wall time in seconds."""
+    start = time.perf_counter()
+    result = fn()
+    return result, time.perf_counter() - start
+
+
+def warm_up(
+    fn: Callable[[], Any], min_calls: int = 3, min_s: float = 0.1, max_calls: int = 100
+) -> float:
+    """Call `fn` until it has run `min_calls` times and `min_s` seconds; return the median call time."""
+    times: list[float] = []
+    start = time.perf_counter()
+    while len(times) < max_calls and (len(times) < min_calls or time.perf_counter() - start < min_s):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return float(np.median(times))
+
+
+@dataclass
+class MeasureResult:
+    stats: dict[str, LatencyStats]
+    errors: dict[str, str]  # candidates that raised while being timed: the reason
+    seconds: float
+
+
+def measure_interleaved(
+    runners: dict[str, Callable[[], Any]],
+    *,
+    budget_s: float,
+    block_s: float = 0.02,
+    min_rounds: int = 5,
+    max_rounds: int = 500,
+    stable_rel: float = 0.05,
+    per_call_estimate_s: dict[str, float] | None = None,
+    on_round: Callable[[int, float], None] | None = None,
+) -> MeasureResult:
+    """Time every runner in interleaved rounds until all are stable or the budget is spent.
+
+    `per_call_estimate_s` (from warm-up) sets how many calls make one block; the first
+    block of a runner whose estimate is missing is a single call.
+    """
+    start = time.perf_counter()
+    estimate = dict(per_call_estimate_s or {})
+    samples: dict[str, list[float]] = {name: [] for name in runners}
+    medians: dict[str, list[float]] = {name: [] for name in runners}
+    errors: dict[str, str] = {}
+    order = list(runners)
+    rounds = 0
+    while order and rounds < max_rounds:
+        # Rotate the order each round so no candidate always runs right after another.
+        shift = rounds % len(order)
+        for name in order[shift:] + order[:shift]:
+            calls = max(1, min(1000, int(block_s / max(estimate.get(name, block_s), 1e-7))))
+            try:
+                block = _time_block(runners[name], calls)
+            except Exception as exc:  # a runtime failing mid-measurement is reported, not raised
+                errors[name] = one_line(exc)
+                continue
+            samples[name].extend(block)
+            medians[name].append(float(np.median(block)))
+            estimate[name] = medians[name][-1]
+        order = [name for name in order if name not in errors]
+        rounds += 1
+        elapsed = time.perf_counter() - start
+        if on_round is not None:
+            on_round(rounds, elapsed)
+        if rounds >= min_rounds and all(_is_stable(medians[n], stable_rel) for n in order):
+            break
+        if elapsed >= budget_s and rounds >= 2:
+            break
+    stats = {
+        name: LatencyStats.from_samples(samples[name], medians[name], _is_stable(medians[name], stable_rel))
+        for name in order
+        if samples[name]
+    }
+    return MeasureResult(stats, errors, time.perf_counter() - start)
+
+
+def _time_block(fn: Callable[[], Any], calls: int) -> list[float]:
+    times = []
+    clock = time.perf_counter
+    gc_was_enabled = gc.isenabled()
+    gc.disable()  # a collection inside a timed call is noise that belongs to no candidate
+    try:
+        for _ in range(calls):
+            t0 = clock()
+            fn()
+            times.append(clock() - t0)
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+    return times
+
+
+def _is_stable(round_medians: list[float], stable_rel: float) -> bool:
+    if len(round_medians) < 3:
+        return False
+    last = round_medians[-3:]
+    center = float(np.median(last))
+    return center > 0 and (max(last) - min(last)) / center <= stable_rel
+

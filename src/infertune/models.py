@@ -1,0 +1,293 @@
+"""The user's model, loaded and wrapped so that every backend sees the same thing.
+
+A `ModelSource` knows how to call the original model (the reference), what inputs it declares,
+and gives a flat-in/flat-out graph function that tf.function, XLA and the ONNX export trace.
+Loading happens here: a Keras 3 model (or tf_keras), a tf.Module or tf.function, a SavedModel
+directory, or a .keras / .h5 file.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .errors import ModelError, one_line
+from .inputs import DeclaredInput, InputSignature, to_numpy
+from .structure import Structure, flatten
+
+__all__ = ["ModelSource", "load_model", "tensor_specs"]
+
+
+class ModelSource:
+    """A callable model with its declared inputs; `is_keras` says if it is a Keras model."""
+
+    def __init__(
+        self,
+        call: Callable[[Any], Any],
+        description: str,
+        *,
+        is_keras: bool,
+        declared_inputs: Any | None = None,
+        default_float: np.dtype | None = None,
+        keras_model: Any | None = None,
+    ):
+        self._call = call
+        self.description = description
+        self.is_keras = is_keras
+        self.declared_inputs = declared_inputs
+        self.default_float = default_float
+        self.keras_model = keras_model
+
+    def __call__(self, structured_inputs: Any) -> Any:
+        return self._call(structured_inputs)
+
+    def call_flat(
+        self, signature: InputSignature, flat_inputs: list[np.ndarray]
+    ) -> tuple[list[np.ndarray], Structure]:
+        """Call the original model on flat arrays; return flat numpy outputs and their structure."""
+        outputs = self._call(signature.structure.pack(flat_inputs))
+        leaves, structure = flatten(outputs)
+        return [to_numpy(leaf) for leaf in leaves], structure
+
+    def graph_function(self, signature: InputSignature) -> Callable[..., list]:
+        """A Python function of flat tensors returning flat tensors, for tf.function to trace."""
+        structure = signature.structure
+        call = self._call
+
+        def flat_model(*flat_inputs):
+            leaves, _ = flatten(call(structure.pack(list(flat_inputs))))
+            return leaves
+
+        return flat_model
+
+
+def load_model(model: Any) -> ModelSource:
+    """Wrap what the user passed to optimize() as a ModelSource, or raise ModelError."""
+    if isinstance(model, str | os.PathLike):
+        return _load_path(Path(model))
+    if _is_keras_model(model):
+        return _from_keras(model)
+    import tensorflow as tf
+
+    if isinstance(model, tf.Module) or _is_tf_function(model):
+        return _from_tf_callable(model, description=_describe(model))
+    raise ModelError(
+        "The model must be a keras.Model, a tf.Module or tf.function, or the path of a "
+        f"SavedModel directory or a .keras file. Received: model={_short_repr(model)} of type "
+        f"{type(model).__module__}.{type(model).__qualname__}."
+    )
+
+
+# -- Keras ---------------------------------------------------------------------------------
+def _is_keras_model(model: Any) -> bool:
+    """True for Keras 3 and tf_keras models, checked without importing either."""
+    for cls in type(model).__mro__:
+        if cls.__name__ == "Model" and cls.__module__.split(".")[0] in ("keras", "tf_keras"):
+            return True
+    return False
+
+
+def _from_keras(model: Any) -> ModelSource:
+    declared = _keras_declared_inputs(model)
+    floatx = _keras_floatx(model)
+    name = getattr(model, "name", "model")
+    kind = type(model).__name__
+    return ModelSource(
+        model,
+        f"Keras model '{name}' ({kind})",
+        is_keras=True,
+        declared_inputs=declared,
+        default_float=floatx,
+        keras_model=model,
+    )
+
+
+def _keras_declared_inputs(model: Any) -> Any | None:
+    """The structure of `model.input` as DeclaredInput leaves; None for subclassed models."""
+    try:
+        symbolic = model.input
+    except (AttributeError, ValueError):
+        return None
+    leaves, structure = flatten(symbolic)
+    declared = []
+    for leaf in leaves:
+        shape = getattr(leaf, "shape", None)
+        dtype = getattr(leaf, "dtype", None)
+        if shape is None:
+            return None
+        shape = tuple(None if d is None else int(d) for d in shape)
+        declared.append(DeclaredInput(shape, _np_dtype(dtype), getattr(leaf, "name", None)))
+    return structure.pack(declared)
+
+
+def _keras_floatx(model: Any) -> np.dtype:
+    module = type(model).__module__.split(".")[0]
+    try:
+        if module == "tf_keras":
+            import tf_keras as keras_module
+        else:
+            import keras as keras_module
+        return np.dtype(keras_module.backend.floatx())
+    except (ImportError, AttributeError, TypeError):
+        return np.dtype("float32")
+
+
+# -- TensorFlow callables ------------------------------------------------------------------
+def _is_tf_function(obj: Any) -> bool:
+    return callable(obj) and hasattr(obj, "get_concrete_function")
+
+
+def _from_tf_callable(obj: Any, description: str) -> ModelSource:
+    import tensorflow as tf
+
+    if _is_tf_function(obj):
+        fn = obj
+    elif isinstance(obj, tf.Module) and callable(getattr(obj, "__call__", None)):  # noqa: B004
+        fn = obj.__call__
+        if not _is_tf_function(fn):
+            # A plain __call__ still works eagerly; its inputs come from the sample alone.
+            return ModelSource(obj, description, is_keras=False)
+    else:
+        raise ModelError(
+            f"{description} has no __call__ to run. Pass the tf.function to optimize, "
+            f"for example optimize(module.serve, x)."
+        )
+    return ModelSource(fn, description, is_keras=False, declared_inputs=_declared_from_fn(fn))
+
+
+def _declared_from_fn(fn: Any) -> Any | None:
+    """The input signature of a tf.function (given, or of its single traced function)."""
+    signature = getattr(fn, "input_signature", None)
+    if signature is None:
+        concrete = getattr(fn, "concrete_functions", None)  # functions restored from SavedModel
+        if concrete and len(concrete) >= 1:
+            args, kwargs = concrete[0].structured_input_signature
+            signature = args if not kwargs else None
+    if not signature or len(signature) != 1:
+        return None
+    leaves, structure = flatten(signature[0])
+    declared = []
+    for spec in leaves:
+        shape = getattr(spec, "shape", None)
+        if shape is None or shape.rank is None:
+            return None
+        dims = tuple(None if d is None else int(d) for d in shape.as_list())
+        declared.append(DeclaredInput(dims, _np_dtype(spec.dtype), getattr(spec, "name", None)))
+    return structure.pack(declared)
+
+
+def _np_dtype(dtype: Any) -> np.dtype | None:
+    if dtype is None:
+        return None
+    as_numpy = getattr(dtype, "as_numpy_dtype", None)  # tf.DType
+    try:
+        return np.dtype(as_numpy if as_numpy is not None else dtype)
+    except TypeError:
+        return None
+
+
+# -- paths ---------------------------------------------------------------------------------
+def _load_path(path: Path) -> ModelSource:
+    if not path.exists():
+        raise ModelError(f"No model at '{path}': the path does not exist.")
+    if path.is_dir():
+        if not (path / "saved_model.pb").exists():
+            raise ModelError(
+                f"'{path}' is a directory without saved_model.pb; infertune loads SavedModel "
+                f"directories and .keras/.h5 files."
+            )
+        return _load_saved_model(path)
+    if path.suffix in (".keras", ".h5", ".hdf5"):
+        import keras
+
+        try:
+            model = keras.models.load_model(path, compile=False)
+        except Exception as exc:  # a corrupt or foreign file: say which and why
+            raise ModelError(f"Keras could not load '{path}': {one_line(exc)}") from exc
+        return _from_keras(model)
+    raise ModelError(
+        f"'{path}' is a {path.suffix or 'file without extension'}; infertune loads SavedModel "
+        f"directories and .keras/.h5 files."
+    )
+
+
+def _load_saved_model(path: Path) -> ModelSource:
+    import tensorflow as tf
+
+    try:
+        loaded = tf.saved_model.load(str(path))
+    except Exception as exc:
+        raise ModelError(
+            f"TensorFlow could not load the SavedModel '{path}': {one_line(exc)}"
+        ) from exc
+    description = f"SavedModel '{path}'"
+    # Keras' model.export() writes `serve`; a saved tf.Module keeps its traced `__call__`.
+    for attr in ("serve", "__call__"):
+        fn = getattr(loaded, attr, None)
+        if fn is not None and getattr(fn, "concrete_functions", None):
+            return ModelSource(
+                fn, description, is_keras=False, declared_inputs=_declared_from_fn(fn)
+            )
+    signatures = getattr(loaded, "signatures", {})
+    if "serving_default" in signatures:
+        return _from_serving_signature(signatures["serving_default"], description)
+    raise ModelError(
+        f"{description} has no `serve` or `__call__` function and no serving_default signature."
+    )
+
+
+def _from_serving_signature(fn: Any, description: str) -> ModelSource:
+    """A signature function takes keyword tensors and returns a dict of outputs."""
+    _, kwargs = fn.structured_input_signature
+    names = sorted(kwargs)
+    declared = {
+        name: DeclaredInput(
+            tuple(None if d is None else int(d) for d in kwargs[name].shape.as_list()),
+            _np_dtype(kwargs[name].dtype),
+            name,
+        )
+        for name in names
+    }
+
+    if len(names) == 1:
+        only = names[0]
+
+        def call(x):
+            return fn(**(x if isinstance(x, dict) else {only: x}))
+
+        declared_inputs: Any = declared[only]
+    else:
+
+        def call(x):
+            return fn(**x)
+
+        declared_inputs = declared
+    return ModelSource(
+        call, f"{description} (serving_default)", is_keras=False, declared_inputs=declared_inputs
+    )
+
+
+def _describe(model: Any) -> str:
+    name = getattr(model, "name", None) or getattr(model, "__name__", None)
+    kind = type(model).__name__
+    return f"{kind} '{name}'" if name else kind
+
+
+def _short_repr(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+
+def tensor_specs(signature: InputSignature) -> list:
+    """tf.TensorSpec for each flat input, named in_0, in_1, ... (the ONNX input names too)."""
+    import tensorflow as tf
+
+    return [
+        tf.TensorSpec(spec.shape, tf.as_dtype(spec.dtype), name=f"in_{i}")
+        for i, spec in enumerate(signature.specs)
+    ]
