@@ -1,8 +1,8 @@
 """infertune: fast TensorFlow/Keras inference, chosen by measurement.
 
-    opt = infertune.optimize(model, sample_input)   # tries every backend that can run here
-    y = opt(x)                                      # same inputs, same output structure
-    print(opt.report)                               # what was tried, how fast, how exact
+opt = infertune.optimize(model, sample_input)   # tries every backend that can run here
+y = opt(x)                                      # same inputs, same output structure
+print(opt.report)                               # what was tried, how fast, how exact
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """optimize(): the pipeline, and nothing specific to any one backend.
 
-    inputs -> reference -> candidates -> prepare -> verify -> measure -> select -> Optimized
+inputs -> reference -> candidates -> prepare -> verify -> measure -> select -> Optimized
 """
 
 from __future__ import annotations
@@ -115,7 +115,9 @@ def optimize(
             f"training mode, random layers) cannot be verified."
         )
 
-    budget = DEFAULT_MEASURE_S if time_budget_s is None else max(0.2, deadline - time.perf_counter())
+    budget = (
+        DEFAULT_MEASURE_S if time_budget_s is None else max(0.2, deadline - time.perf_counter())
+    )
     _measure(contenders, sample, results, signature, budget, progress)
     chosen, why = _select(results, objective)
     for name, backend in contenders.items():
@@ -147,14 +149,22 @@ def available_backends() -> list[str]:
 
 # -- steps ------------------------------------------------------------------------------------
 def _check_options(rtol, atol, objective, time_budget_s, precision) -> tuple[str, ...]:
-    if not (isinstance(rtol, int | float) and rtol >= 0 and isinstance(atol, int | float) and atol >= 0):
-        raise OptionError(f"rtol and atol must be numbers >= 0. Received: rtol={rtol!r}, atol={atol!r}.")
+    if not (
+        isinstance(rtol, int | float) and rtol >= 0 and isinstance(atol, int | float) and atol >= 0
+    ):
+        raise OptionError(
+            f"rtol and atol must be numbers >= 0. Received: rtol={rtol!r}, atol={atol!r}."
+        )
     if objective not in OBJECTIVES:
-        raise OptionError(f"objective must be one of {OBJECTIVES}. Received: objective={objective!r}.")
+        raise OptionError(
+            f"objective must be one of {OBJECTIVES}. Received: objective={objective!r}."
+        )
     if time_budget_s is not None and not (
         isinstance(time_budget_s, int | float) and time_budget_s > 0
     ):
-        raise OptionError(f"time_budget_s must be a positive number or None. Received: {time_budget_s!r}.")
+        raise OptionError(
+            f"time_budget_s must be a positive number or None. Received: {time_budget_s!r}."
+        )
     precisions = (precision,) if isinstance(precision, str) else tuple(precision)
     unknown = [p for p in precisions if p not in PRECISIONS]
     if unknown or not precisions:
@@ -204,7 +214,10 @@ def _reference(
         ) from exc
     for i, array in enumerate(flat):
         if array.dtype == object or array.dtype.kind not in "biufc":
-            raise ModelError(f"Output {i} of the model has dtype {array.dtype}; infertune handles numeric outputs.")
+            raise ModelError(
+                f"Output {i} of the model has dtype {array.dtype}; infertune handles numeric "
+                f"outputs."
+            )
     return flat, structure, seconds
 
 
@@ -260,7 +273,9 @@ def _prepare_and_verify(
                 outputs = backend.run(check.inputs)
             found = compare_outputs(outputs, check.reference, rtol, atol)
             if not found:
-                found = Comparison(False, f"on {check.label}: {found.reason}", found.max_abs_err, found.max_rel_err)
+                found = Comparison(
+                    False, f"on {check.label}: {found.reason}", found.max_abs_err, found.max_rel_err
+                )
             comparison = comparison.merged(found)
     except Exception as exc:  # a candidate's failure is reported, never raised
         result.status, result.reason = "failed", f"{stage}: {one_line(exc)}"
@@ -329,14 +344,18 @@ def _select(results: list[CandidateResult], objective: str) -> tuple[CandidateRe
     if baseline is not chosen and baseline.latency is not None:
         why += f", {cost(baseline) / cost(chosen):.1f}x faster than {baseline.name}"
     if chosen is not fastest:
-        why += f"; ties within noise with {fastest.name} and is preferred ({_tie_words(chosen, fastest)})"
+        why += f"; within noise of {fastest.name}, preferred ({_tie_words(chosen, fastest)})"
     for r in measured:
         if r is chosen:
             continue
         if r in tied:
-            r.reason = f"within noise of {chosen.name}; {chosen.name} preferred ({_tie_words(chosen, r)})"
+            r.reason = (
+                f"within noise of {chosen.name}; {chosen.name} preferred ({_tie_words(chosen, r)})"
+            )
         else:
-            r.reason = f"{cost(r) / cost(chosen):.2f}x slower than {chosen.name} ({unit} {cost(r):.4g} ms)"
+            r.reason = (
+                f"{cost(r) / cost(chosen):.2f}x slower than {chosen.name} ({unit} {cost(r):.4g} ms)"
+            )
     return chosen, why
 
 

@@ -267,12 +267,12 @@ def _match_declared(structure: Structure, names: list[str], declared: Any | None
             f"({_structure_words(declared_structure)}); the sample has {len(names)} "
             f"({_structure_words(structure)})."
         )
-    if structure.kind == "dict" and declared_structure.kind == "dict":
-        if set(structure.keys) != set(declared_structure.keys):
-            raise InputError(
-                f"The sample's keys {sorted(map(str, structure.keys))} do not match the model's "
-                f"inputs {sorted(map(str, declared_structure.keys))}."
-            )
+    both_dicts = structure.kind == "dict" and declared_structure.kind == "dict"
+    if both_dicts and set(structure.keys) != set(declared_structure.keys):
+        raise InputError(
+            f"The sample's keys {sorted(map(str, structure.keys))} do not match the model's "
+            f"inputs {sorted(map(str, declared_structure.keys))}."
+        )
     return declared_leaves
 
 

@@ -75,10 +75,12 @@ def time_once(fn: Callable[[], Any]) -> tuple[Any, float]:
 def warm_up(
     fn: Callable[[], Any], min_calls: int = 3, min_s: float = 0.1, max_calls: int = 100
 ) -> float:
-    """Call `fn` until it has run `min_calls` times and `min_s` seconds; return the median call time."""
+    """Call `fn` at least `min_calls` times and `min_s` seconds; return the median call time."""
     times: list[float] = []
     start = time.perf_counter()
-    while len(times) < max_calls and (len(times) < min_calls or time.perf_counter() - start < min_s):
+    while len(times) < max_calls and (
+        len(times) < min_calls or time.perf_counter() - start < min_s
+    ):
         t0 = time.perf_counter()
         fn()
         times.append(time.perf_counter() - t0)
@@ -138,7 +140,9 @@ def measure_interleaved(
         if elapsed >= budget_s and rounds >= 2:
             break
     stats = {
-        name: LatencyStats.from_samples(samples[name], medians[name], _is_stable(medians[name], stable_rel))
+        name: LatencyStats.from_samples(
+            samples[name], medians[name], _is_stable(medians[name], stable_rel)
+        )
         for name in order
         if samples[name]
     }
@@ -167,4 +171,3 @@ def _is_stable(round_medians: list[float], stable_rel: float) -> bool:
     last = round_medians[-3:]
     center = float(np.median(last))
     return center > 0 and (max(last) - min(last)) / center <= stable_rel
-

@@ -33,14 +33,14 @@ class ModelSource:
         is_keras: bool,
         declared_inputs: Any | None = None,
         default_float: np.dtype | None = None,
-        keras_model: Any | None = None,
+        owner: Any | None = None,
     ):
         self._call = call
         self.description = description
         self.is_keras = is_keras
         self.declared_inputs = declared_inputs
         self.default_float = default_float
-        self.keras_model = keras_model
+        self.owner = owner  # the loaded object: its variables must outlive `call`
 
     def __call__(self, structured_inputs: Any) -> Any:
         return self._call(structured_inputs)
@@ -102,7 +102,7 @@ def _from_keras(model: Any) -> ModelSource:
         is_keras=True,
         declared_inputs=declared,
         default_float=floatx,
-        keras_model=model,
+        owner=model,
     )
 
 
@@ -150,13 +150,14 @@ def _from_tf_callable(obj: Any, description: str) -> ModelSource:
         fn = obj.__call__
         if not _is_tf_function(fn):
             # A plain __call__ still works eagerly; its inputs come from the sample alone.
-            return ModelSource(obj, description, is_keras=False)
+            return ModelSource(obj, description, is_keras=False, owner=obj)
     else:
         raise ModelError(
             f"{description} has no __call__ to run. Pass the tf.function to optimize, "
             f"for example optimize(module.serve, x)."
         )
-    return ModelSource(fn, description, is_keras=False, declared_inputs=_declared_from_fn(fn))
+    declared = _declared_from_fn(fn)
+    return ModelSource(fn, description, is_keras=False, declared_inputs=declared, owner=obj)
 
 
 def _declared_from_fn(fn: Any) -> Any | None:
@@ -230,17 +231,21 @@ def _load_saved_model(path: Path) -> ModelSource:
         fn = getattr(loaded, attr, None)
         if fn is not None and getattr(fn, "concrete_functions", None):
             return ModelSource(
-                fn, description, is_keras=False, declared_inputs=_declared_from_fn(fn)
+                fn,
+                description,
+                is_keras=False,
+                declared_inputs=_declared_from_fn(fn),
+                owner=loaded,
             )
     signatures = getattr(loaded, "signatures", {})
     if "serving_default" in signatures:
-        return _from_serving_signature(signatures["serving_default"], description)
+        return _from_serving_signature(signatures["serving_default"], description, loaded)
     raise ModelError(
         f"{description} has no `serve` or `__call__` function and no serving_default signature."
     )
 
 
-def _from_serving_signature(fn: Any, description: str) -> ModelSource:
+def _from_serving_signature(fn: Any, description: str, loaded: Any) -> ModelSource:
     """A signature function takes keyword tensors and returns a dict of outputs."""
     _, kwargs = fn.structured_input_signature
     names = sorted(kwargs)
@@ -267,7 +272,11 @@ def _from_serving_signature(fn: Any, description: str) -> ModelSource:
 
         declared_inputs = declared
     return ModelSource(
-        call, f"{description} (serving_default)", is_keras=False, declared_inputs=declared_inputs
+        call,
+        f"{description} (serving_default)",
+        is_keras=False,
+        declared_inputs=declared_inputs,
+        owner=loaded,
     )
 
 
@@ -280,7 +289,6 @@ def _describe(model: Any) -> str:
 def _short_repr(value: Any) -> str:
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
-
 
 
 def tensor_specs(signature: InputSignature) -> list:

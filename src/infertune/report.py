@@ -50,8 +50,11 @@ class CandidateResult:
         return self.latency.n if self.latency else None
 
     def to_dict(self) -> dict:
+        """Flat fields (p50, p90, p99, mean, n in ms) plus the full `latency_ms` statistics."""
         data = asdict(self)
         data["latency_ms"] = data.pop("latency")
+        for key in ("p50", "p90", "p99", "mean", "n"):
+            data[key] = getattr(self, key)
         return data
 
 
@@ -80,7 +83,9 @@ class Report:
         for result in self.candidates:
             if result.name == name:
                 return result
-        raise KeyError(f"No candidate named {name!r}; candidates: {[c.name for c in self.candidates]}")
+        raise KeyError(
+            f"No candidate named {name!r}; candidates: {[c.name for c in self.candidates]}"
+        )
 
     def to_dict(self) -> dict:
         return {
@@ -138,7 +143,10 @@ class Report:
             "",
         ]
         for i, row in enumerate(rows):
-            cells = [cell.ljust(w) if j < 2 else cell.rjust(w) for j, (cell, w) in enumerate(zip(row, widths))]
+            cells = [
+                cell.ljust(w) if j < 2 else cell.rjust(w)
+                for j, (cell, w) in enumerate(zip(row, widths))
+            ]
             lines.append("  ".join(cells).rstrip())
             if i == 0:
                 lines.append("  ".join("-" * w for w in widths))

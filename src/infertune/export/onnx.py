@@ -48,7 +48,9 @@ def _convert(target: Target) -> OnnxExport:
     output_names = [node.name for node in model_proto.graph.output]
     expected_inputs = [spec.name for spec in specs]
     if input_names != expected_inputs:
-        raise RuntimeError(f"ONNX inputs {input_names} do not match the signature {expected_inputs}")
+        raise RuntimeError(
+            f"ONNX inputs {input_names} do not match the signature {expected_inputs}"
+        )
     if len(output_names) != len(target.output_dtypes):
         raise RuntimeError(
             f"ONNX graph has {len(output_names)} outputs, the model {len(target.output_dtypes)}"

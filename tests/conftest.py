@@ -1,0 +1,78 @@
+"""Tiny real models for the tests: real TensorFlow, real ONNX export, real ONNX Runtime."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import numpy as np
+import pytest
+
+import infertune.api
+
+
+@pytest.fixture(autouse=True)
+def short_measurement(monkeypatch):
+    """Measure for 0.3 s instead of 5 s: tests check correctness, benchmarks check speed."""
+    monkeypatch.setattr(infertune.api, "DEFAULT_MEASURE_S", 0.3)
+
+
+@pytest.fixture
+def rng():
+    return np.random.default_rng(1234)
+
+
+def dense_model(in_dim: int = 6, out_dim: int = 3, seed: int = 0):
+    import keras
+
+    keras.utils.set_random_seed(seed)
+    return keras.Sequential(
+        [
+            keras.Input((in_dim,)),
+            keras.layers.Dense(8, activation="relu"),
+            keras.layers.Dense(out_dim),
+        ]
+    )
+
+
+def dict_model(seed: int = 0):
+    """Two inputs (float features, int token ids) in a dict, two outputs in a dict."""
+    import keras
+
+    keras.utils.set_random_seed(seed)
+    features = keras.Input((4,), name="features")
+    tokens = keras.Input((5,), name="tokens", dtype="int32")
+    embedded = keras.layers.Flatten()(keras.layers.Embedding(20, 3)(tokens))
+    hidden = keras.layers.Dense(8, activation="tanh")(
+        keras.layers.Concatenate()([features, embedded])
+    )
+    return keras.Model(
+        {"features": features, "tokens": tokens},
+        {
+            "score": keras.layers.Dense(1)(hidden),
+            "probs": keras.layers.Dense(3, activation="softmax")(hidden),
+        },
+    )
+
+
+def dict_sample(rng, batch: int = 4):
+    return {
+        "features": rng.standard_normal((batch, 4)).astype("float32"),
+        "tokens": rng.integers(0, 20, (batch, 5)).astype("int32"),
+    }
+
+
+def assert_matches_model(model_outputs, outputs, rtol=1e-4, atol=1e-5):
+    """Same structure, numpy leaves, values within float32 round-off of the model's."""
+    if isinstance(model_outputs, dict):
+        assert isinstance(outputs, dict) and set(outputs) == set(model_outputs)
+        for key in model_outputs:
+            assert_matches_model(model_outputs[key], outputs[key], rtol, atol)
+    elif isinstance(model_outputs, list | tuple):
+        assert isinstance(outputs, list | tuple) and len(outputs) == len(model_outputs)
+        for expected, got in zip(model_outputs, outputs):
+            assert_matches_model(expected, got, rtol, atol)
+    else:
+        assert isinstance(outputs, np.ndarray)
+        np.testing.assert_allclose(outputs, np.asarray(model_outputs), rtol=rtol, atol=atol)

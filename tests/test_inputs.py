@@ -1,0 +1,130 @@
+"""Bad inputs fail early with a message naming the input and the expected signature."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import dense_model, dict_model, dict_sample
+
+import infertune
+from infertune.inputs import build_signature
+from infertune.structure import Structure, flatten
+
+
+@pytest.fixture(scope="module")
+def dense_opt():
+    model = dense_model()
+    sample = np.random.default_rng(0).standard_normal((4, 6)).astype("float32")
+    return infertune.optimize(model, sample, backends=["onnxruntime-cpu"], verbose=False)
+
+
+@pytest.fixture(scope="module")
+def dict_opt():
+    return infertune.optimize(
+        dict_model(), dict_sample(np.random.default_rng(0)), backends=["tf-function"], verbose=False
+    )
+
+
+def test_wrong_rank_names_input_and_signature(dense_opt):
+    with pytest.raises(ValueError, match=r"Input 'x' has rank 3.*x: shape \(None, 6\) float32"):
+        dense_opt(np.zeros((2, 6, 1), "float32"))
+
+
+def test_wrong_feature_shape(dense_opt):
+    with pytest.raises(
+        infertune.InputError, match=r"Input 'x' has shape \(2, 5\); dimension 1 must be 6"
+    ):
+        dense_opt(np.zeros((2, 5), "float32"))
+
+
+def test_float_into_integer_input_is_refused(dict_opt):
+    x = dict_sample(np.random.default_rng(1))
+    x["tokens"] = x["tokens"].astype("float32")
+    with pytest.raises(ValueError, match=r"Input 'tokens' has dtype float32; expected int32"):
+        dict_opt(x)
+
+
+def test_same_kind_casts_are_accepted(dense_opt):
+    x64 = np.random.default_rng(2).standard_normal((3, 6))  # float64, as numpy makes it
+    np.testing.assert_allclose(dense_opt(x64), dense_opt(x64.astype("float32")))
+
+
+def test_missing_dict_key(dict_opt):
+    x = dict_sample(np.random.default_rng(1))
+    del x["tokens"]
+    with pytest.raises(ValueError, match=r"structure does not match.*keys \['features'\].*tokens"):
+        dict_opt(x)
+
+
+def test_list_where_dict_expected(dict_opt):
+    with pytest.raises(ValueError, match=r"takes a dict of 2 inputs. Received a list"):
+        dict_opt([np.zeros((1, 4), "float32"), np.zeros((1, 5), "int32")])
+
+
+def test_inconsistent_batch_sizes(dict_opt):
+    x = dict_sample(np.random.default_rng(1), batch=3)
+    x["features"] = x["features"][:2]
+    with pytest.raises(ValueError, match="same batch size"):
+        dict_opt(x)
+
+
+def test_single_input_model_given_a_list(dense_opt):
+    with pytest.raises(ValueError, match="takes a single array. Received a list"):
+        dense_opt([np.zeros((1, 6), "float32")])
+
+
+def test_sample_the_model_rejects():
+    with pytest.raises(infertune.InputError, match=r"(?s)the sample|rank|shape"):
+        infertune.optimize(dense_model(), np.zeros((2, 5), "float32"), verbose=False)
+
+
+def test_sample_with_nan_is_refused():
+    sample = np.zeros((2, 6), "float32")
+    sample[1, 3] = np.nan
+    with pytest.raises(infertune.InputError, match="NaN or Inf"):
+        infertune.optimize(dense_model(), sample, verbose=False)
+
+
+def test_empty_batch_is_refused():
+    with pytest.raises(infertune.InputError, match="empty batch"):
+        infertune.optimize(dense_model(), np.zeros((0, 6), "float32"), verbose=False)
+
+
+def test_model_path_that_does_not_exist(tmp_path):
+    with pytest.raises(infertune.ModelError, match="does not exist"):
+        infertune.optimize(tmp_path / "missing.keras", np.zeros((1, 6), "float32"), verbose=False)
+
+
+def test_unsupported_model_object():
+    with pytest.raises(
+        infertune.ModelError, match=r"must be a keras.Model.*Received: model=<lambda>|Received"
+    ):
+        infertune.optimize(lambda x: x, np.zeros((1, 6), "float32"), verbose=False)
+
+
+def test_bad_options():
+    model, x = dense_model(), np.zeros((1, 6), "float32")
+    with pytest.raises(infertune.OptionError, match="objective"):
+        infertune.optimize(model, x, objective="fastest", verbose=False)
+    with pytest.raises(infertune.OptionError, match="Unknown backend 'tensorflow-lite'"):
+        infertune.optimize(model, x, backends=["tensorflow-lite"], verbose=False)
+    with pytest.raises(infertune.OptionError, match="rtol and atol"):
+        infertune.optimize(model, x, rtol=-1, verbose=False)
+
+
+def test_signature_keeps_declared_dims_and_frees_batch():
+    sample = {"a": np.ones((2, 3), "float64"), "b": np.arange(8, dtype="int64").reshape(2, 4)}
+    signature, arrays = build_signature(sample, None, np.dtype("float32"))
+    assert [s.shape for s in signature.specs] == [(None, 3), (None, 4)]
+    assert [a.dtype for a in arrays] == [np.dtype("float32"), np.dtype("int64")]
+    assert signature.specs[1].low == 0 and signature.specs[1].high == 7
+    assert signature.sample_batch == 2 and signature.batch_is_dynamic
+
+
+def test_structure_round_trip():
+    value = {"b": [1, (2, 3)], "a": 4}
+    leaves, structure = flatten(value)
+    assert leaves == [4, 1, 2, 3]
+    assert structure.pack(leaves) == {"a": 4, "b": [1, (2, 3)]}
+    assert Structure.from_dict(structure.to_dict()) == structure
+    assert structure.leaf_names() == ["a", "b[0]", "b[1][0]", "b[1][1]"]

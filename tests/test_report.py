@@ -1,0 +1,87 @@
+"""The report tells every candidate's fate and numbers; the selected one really is the fastest."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from conftest import dense_model
+
+import infertune
+from infertune.api import _select
+from infertune.measure import LatencyStats
+from infertune.report import STATUSES, CandidateResult
+
+
+@pytest.fixture(scope="module")
+def report():
+    sample = np.random.default_rng(0).standard_normal((16, 6)).astype("float32")
+    return infertune.optimize(dense_model(), sample, verbose=False).report
+
+
+def test_every_candidate_has_a_status_and_measured_numbers(report):
+    assert [c.name for c in report.candidates] == infertune.available_backends()
+    for c in report.candidates:
+        assert c.status in STATUSES
+        if c.status in ("ok", "selected"):
+            assert c.p50 > 0 and c.p90 >= c.p50 and c.p99 >= c.p90 and c.mean > 0 and c.n >= 5
+            assert c.throughput == pytest.approx(16 / (c.mean / 1e3))
+            assert c.first_call_ms > 0 and c.prepare_s >= 0 and c.max_rel_err is not None
+            if c.status == "ok":
+                assert c.reason  # why it was not chosen
+
+
+def test_selected_candidate_is_fastest_beyond_noise(report):
+    chosen = report.candidate(report.selected)
+    assert chosen.status == "selected"
+    for other in report.candidates:
+        if other.status == "ok":
+            margin = max(chosen.latency.spread, other.latency.spread, 0.01 * chosen.p50)
+            assert chosen.p50 <= other.p50 + margin
+
+
+def test_table_and_json(report, tmp_path):
+    table = str(report)
+    for c in report.candidates:
+        assert c.name in table and c.status in table
+    assert f"selected: {report.selected}" in table
+    data = json.loads(report.to_json(tmp_path / "report.json"))
+    assert data == json.loads((tmp_path / "report.json").read_text())
+    keys = {"name", "status", "reason", "prepare_s", "first_call_ms", "p50", "p90", "p99",
+            "mean", "n", "throughput", "max_abs_err", "max_rel_err"}  # fmt: skip
+    assert keys <= set(data["candidates"][0])
+    env = data["environment"]
+    assert env["packages"]["tensorflow"] and env["packages"]["onnxruntime"] and env["python"]
+    assert env["cpu"]["logical_cores"] >= 1 and "threads" in env
+
+
+def _result(name, p50, spread=0.0, err=1e-7, precision="fp32", prepare_s=1.0, mean=None):
+    stats = LatencyStats(p50, p50, p50, mean or p50, p50, 100, 10, spread, True)
+    return CandidateResult(
+        name, "ok", precision=precision, latency=stats, max_rel_err=err, prepare_s=prepare_s
+    )
+
+
+def test_select_needs_a_margin_beyond_noise():
+    base = _result("keras-eager", 2.0)
+    fast = _result("fast", 1.00, spread=0.05, prepare_s=5.0)
+    cheap = _result("cheap", 1.03, spread=0.05, prepare_s=0.1)  # within noise of "fast"
+    chosen, why = _select([base, fast, cheap], "latency")
+    assert chosen is cheap and "cheaper to prepare" in why
+    assert "within noise" in fast.reason
+
+
+def test_select_prefers_full_precision_on_a_tie():
+    reduced = _result("int8", 1.0, spread=0.1, err=1e-3, precision="int8")
+    full = _result("fp32", 1.05, spread=0.1)
+    chosen, _ = _select([_result("keras-eager", 3.0), reduced, full], "latency")
+    assert chosen is full
+
+
+def test_select_by_throughput_uses_mean():
+    steady = _result("steady", 1.0, mean=1.0)
+    spiky = _result("spiky", 0.8, mean=1.5)  # faster median, slower on average
+    assert _select([_result("keras-eager", 3.0), steady, spiky], "latency")[0] is spiky
+    steady.status = spiky.status = "ok"
+    assert _select([_result("keras-eager", 3.0), steady, spiky], "throughput")[0] is steady
