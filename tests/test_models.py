@@ -21,8 +21,8 @@ def _check_all_batches(opt, model_call, make_input):
 
 
 def _assert_every_candidate_verified(opt):
-    statuses = {c.name: c.status for c in opt.report.candidates}
-    assert all(s in ("ok", "selected") for s in statuses.values()), opt.report
+    statuses = {c.name: c.status for c in opt.report.candidates if c.precision == "fp32"}
+    assert all(s in ("ok", "selected") for s in statuses.values()), str(opt.report)
     assert set(statuses) >= {"tf-function", "tf-xla", "onnxruntime-cpu"}
 
 

@@ -17,7 +17,7 @@ from .backends import BACKENDS, Backend, KerasEager
 from .environment import collect_environment
 from .errors import InputError, ModelError, OptionError, one_line
 from .inputs import InputSignature, build_signature
-from .measure import measure_interleaved, time_once, warm_up
+from .measure import clearly_slower, measure_interleaved, time_once, warm_up
 from .models import ModelSource, load_model
 from .optimized import Optimized
 from .progress import Progress
@@ -82,7 +82,7 @@ def optimize(
     source = load_model(model)
     signature, sample = build_signature(sample_input, source.declared_inputs, source.default_float)
     progress.say(f"{source.description}; inputs {signature.describe()}")
-    candidates = _candidates(source, backends, precisions)
+    candidates = _candidates(source, backends)
 
     reference, outputs, first_call_s = _reference(source, signature, sample)
     target = Target(source, signature, outputs, [ref.dtype for ref in reference])
@@ -93,6 +93,13 @@ def optimize(
     for backend in candidates:
         result = CandidateResult(name=backend.name, status="ok", precision=backend.precision)
         results.append(result)
+        if backend.precision not in precisions:
+            result.status = "skipped"
+            result.reason = (
+                f"{backend.precision} candidate; allow it with precision=(..., "
+                f"{backend.precision!r}) where a reduced-precision error is acceptable"
+            )
+            continue
         reason = backend.available()
         if reason is not None:
             result.status, result.reason = "unavailable", reason
@@ -172,9 +179,7 @@ def _check_options(rtol, atol, objective, time_budget_s, precision) -> tuple[str
     return precisions
 
 
-def _candidates(
-    source: ModelSource, backends: Sequence[str | Backend] | None, precisions: tuple[str, ...]
-) -> list[Backend]:
+def _candidates(source: ModelSource, backends: Sequence[str | Backend] | None) -> list[Backend]:
     """The reference first, then the requested (or all registered) backends."""
     reference = KerasEager("keras-eager" if source.is_keras else "original")
     if backends is None:
@@ -198,7 +203,7 @@ def _candidates(
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
         raise OptionError(f"Backend names must be unique; repeated: {duplicates}.")
-    return [reference] + [b for b in chosen if b.precision in precisions]
+    return [reference, *chosen]
 
 
 def _reference(
@@ -262,7 +267,13 @@ def _prepare_and_verify(
     stage = "prepare"
     try:
         progress.say(f"{name}: preparing")
-        _, result.prepare_s = time_once(lambda: backend.prepare(target))
+        # prepare_s counts the shared conversions it used (the ONNX export) whoever paid them,
+        # so that every ONNX-based candidate shows what it costs on its own.
+        used_before, paid_before = len(target.used), target.shared_seconds(target.used)
+        _, seconds = time_once(lambda: backend.prepare(target))
+        used = target.used[used_before:]
+        paid_here = target.shared_seconds(target.used) - paid_before
+        result.prepare_s = seconds - paid_here + target.shared_seconds(used)
         stage = "first call"
         outputs, seconds = time_once(lambda: backend.run(checks[0].inputs))
         result.first_call_ms = 1e3 * (first_call_s if first_call_s is not None else seconds)
@@ -322,8 +333,9 @@ def _measure(
 
 
 def _select(results: list[CandidateResult], objective: str) -> tuple[CandidateResult, str]:
-    """The fastest by the objective; candidates within the noise margin of it tie, and a tie
-    goes to full precision, then the smaller error (by decade), then the cheaper prepare."""
+    """The fastest by the objective. Candidates not clearly slower than it (round by round,
+    see measure.clearly_slower) tie with it, and a tie goes to full precision, then the
+    smaller error (by decade), then the cheaper prepare."""
     measured = [r for r in results if r.status == "ok" and r.latency is not None]
     if not measured:
         raise ModelError("No candidate could be measured, not even the model itself.")
@@ -331,11 +343,11 @@ def _select(results: list[CandidateResult], objective: str) -> tuple[CandidateRe
     def cost(r: CandidateResult) -> float:  # ms per call by the objective's statistic
         return r.latency.p50 if objective == "latency" else r.latency.mean
 
-    def margin(a: CandidateResult, b: CandidateResult) -> float:
-        return max(a.latency.spread, b.latency.spread, 0.01 * cost(a))
-
     fastest = min(measured, key=cost)
-    tied = [r for r in measured if cost(r) - cost(fastest) <= margin(fastest, r)]
+    statistic = "median" if objective == "latency" else "mean"
+    tied = [
+        r for r in measured if not clearly_slower(r.latency, fastest.latency, statistic=statistic)
+    ]
     chosen = min(tied, key=_tie_key)
     chosen.status = "selected"
     baseline = results[0]
@@ -350,7 +362,8 @@ def _select(results: list[CandidateResult], objective: str) -> tuple[CandidateRe
             continue
         if r in tied:
             r.reason = (
-                f"within noise of {chosen.name}; {chosen.name} preferred ({_tie_words(chosen, r)})"
+                f"within noise of {chosen.name} ({unit} {cost(r):.4g} ms); {chosen.name} "
+                f"preferred ({_tie_words(chosen, r)})"
             )
         else:
             r.reason = (
@@ -360,9 +373,18 @@ def _select(results: list[CandidateResult], objective: str) -> tuple[CandidateRe
 
 
 def _tie_key(r: CandidateResult) -> tuple:
-    error = r.max_rel_err or 0.0
-    decade = math.floor(math.log10(error)) if error > 0 else -99
-    return (r.precision != "fp32", decade, r.prepare_s or 0.0)
+    """Full precision first, then the smaller error and the cheaper prepare (by decade each:
+    2e-7 and 3e-7 are the same float32 round-off), then the faster."""
+    return (
+        r.precision != "fp32",
+        _decade(r.max_rel_err or 0.0),
+        _decade(r.prepare_s or 0.0),
+        r.latency.p50 if r.latency else math.inf,
+    )
+
+
+def _decade(value: float) -> int:
+    return math.floor(math.log10(value)) if value > 0 else -99
 
 
 def _tie_words(chosen: CandidateResult, other: CandidateResult) -> str:
@@ -371,7 +393,9 @@ def _tie_words(chosen: CandidateResult, other: CandidateResult) -> str:
         return "full precision"
     if a[1] != b[1]:
         return "more exact"
-    return "cheaper to prepare"
+    if a[2] != b[2]:
+        return "cheaper to prepare"
+    return "faster median"
 
 
 def _notes(target: Target, checks: list[_Check]) -> list[str]:

@@ -20,7 +20,14 @@ import numpy as np
 
 from .errors import one_line
 
-__all__ = ["LatencyStats", "MeasureResult", "time_once", "warm_up", "measure_interleaved"]
+__all__ = [
+    "LatencyStats",
+    "MeasureResult",
+    "clearly_slower",
+    "measure_interleaved",
+    "time_once",
+    "warm_up",
+]
 
 
 @dataclass(frozen=True)
@@ -34,12 +41,18 @@ class LatencyStats:
     min: float
     n: int
     rounds: int
-    spread: float  # interquartile range of the per-round medians, ms: the noise margin
+    spread: float  # interquartile range of the per-round medians, ms
     stable: bool  # the last three round medians agreed within the stability tolerance
+    round_medians: tuple[float, ...] = ()  # ms, one per interleaved round, in round order
+    round_means: tuple[float, ...] = ()
 
     @classmethod
     def from_samples(
-        cls, samples_s: list[float], round_medians_s: list[float], stable: bool
+        cls,
+        samples_s: list[float],
+        round_medians_s: list[float],
+        stable: bool,
+        round_means_s: list[float] = (),
     ) -> LatencyStats:
         ms = np.asarray(samples_s) * 1e3
         rounds_ms = np.asarray(round_medians_s) * 1e3
@@ -59,10 +72,36 @@ class LatencyStats:
             rounds=len(rounds_ms),
             spread=spread,
             stable=stable,
+            round_medians=tuple(float(v) for v in rounds_ms),
+            round_means=tuple(float(v) * 1e3 for v in round_means_s),
         )
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+def clearly_slower(
+    a: LatencyStats,
+    b: LatencyStats,
+    *,
+    statistic: str = "median",
+    min_ratio: float = 1.01,
+    min_share: float = 0.75,
+) -> bool:
+    """True when `a` is slower than `b` beyond noise, judged round by round.
+
+    Rounds are interleaved, so round r of `a` and of `b` ran under the same machine load:
+    `a` is clearly slower when its median per-round ratio to `b` exceeds `min_ratio` and it
+    was slower in at least `min_share` of the rounds. Drift that slows every candidate in
+    some rounds cancels out of the ratio. `statistic` is "median" or "mean" per round.
+    """
+    a_rounds = a.round_medians if statistic == "median" else a.round_means
+    b_rounds = b.round_medians if statistic == "median" else b.round_means
+    rounds = min(len(a_rounds), len(b_rounds))
+    if rounds == 0:
+        return a.p50 > b.p50 * min_ratio if statistic == "median" else a.mean > b.mean * min_ratio
+    ratios = np.asarray(a_rounds[:rounds]) / np.asarray(b_rounds[:rounds])
+    return float(np.median(ratios)) > min_ratio and float(np.mean(ratios > 1.0)) >= min_share
 
 
 def time_once(fn: Callable[[], Any]) -> tuple[Any, float]:
@@ -114,6 +153,7 @@ def measure_interleaved(
     estimate = dict(per_call_estimate_s or {})
     samples: dict[str, list[float]] = {name: [] for name in runners}
     medians: dict[str, list[float]] = {name: [] for name in runners}
+    means: dict[str, list[float]] = {name: [] for name in runners}
     errors: dict[str, str] = {}
     order = list(runners)
     rounds = 0
@@ -129,6 +169,7 @@ def measure_interleaved(
                 continue
             samples[name].extend(block)
             medians[name].append(float(np.median(block)))
+            means[name].append(float(np.mean(block)))
             estimate[name] = medians[name][-1]
         order = [name for name in order if name not in errors]
         rounds += 1
@@ -141,7 +182,7 @@ def measure_interleaved(
             break
     stats = {
         name: LatencyStats.from_samples(
-            samples[name], medians[name], _is_stable(medians[name], stable_rel)
+            samples[name], medians[name], _is_stable(medians[name], stable_rel), means[name]
         )
         for name in order
         if samples[name]

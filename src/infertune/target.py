@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,18 +25,27 @@ class Target:
     output_structure: Structure
     output_dtypes: list[np.dtype]
     _shared: dict[str, Any] = field(default_factory=dict, repr=False)
+    _seconds: dict[str, float] = field(default_factory=dict, repr=False)
+    used: list[str] = field(default_factory=list, repr=False)  # keys, in order of use
 
     def shared(self, key: str, build: Callable[[], Any]) -> Any:
         """Build a conversion once and share it (or its failure) between backends."""
+        self.used.append(key)
         if key not in self._shared:
+            start = time.perf_counter()
             try:
                 self._shared[key] = (True, build())
             except Exception as exc:
                 self._shared[key] = (False, exc)
+            self._seconds[key] = time.perf_counter() - start
         ok, value = self._shared[key]
         if not ok:
             raise value
         return value
+
+    def shared_seconds(self, keys: list[str]) -> float:
+        """What building these shared conversions cost, whoever paid for it."""
+        return sum(self._seconds.get(key, 0.0) for key in set(keys))
 
     def shared_value(self, key: str) -> Any | None:
         """A shared conversion that was already built successfully, else None."""

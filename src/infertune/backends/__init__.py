@@ -2,21 +2,20 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from .base import Backend, Target
 from .keras_eager import KerasEager
-from .onnxruntime import OnnxRuntimeCpu
+from .onnxruntime import onnxruntime_cpu_variants
 from .tf_function import TfFunction
 from .tf_xla import TfXla
 
 __all__ = ["BACKENDS", "Backend", "KerasEager", "Target"]
 
-# Every candidate that optimize() tries by default, in the order it tries them.
+# Every candidate optimize() knows, by name, in the order it tries them: a factory each.
 # The reference (keras-eager, or "original" for non-Keras models) is always tried first.
-BACKENDS: dict[str, type[Backend]] = {
-    backend.name: backend
-    for backend in (
-        TfFunction,
-        TfXla,
-        OnnxRuntimeCpu,
-    )
+BACKENDS: dict[str, Callable[[], Backend]] = {
+    TfFunction.name: TfFunction,
+    TfXla.name: TfXla,
+    **onnxruntime_cpu_variants(),
 }

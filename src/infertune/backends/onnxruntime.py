@@ -1,20 +1,70 @@
-"""ONNX Runtime on the CPU, on the shared ONNX export of the model."""
+"""ONNX Runtime on the CPU, on the shared ONNX export of the model.
+
+Besides the default session, the session settings a performance engineer would try by hand
+(as Microsoft Olive does) are candidates of their own: intra-op threads from 1 up to the
+usable cores, the parallel execution mode, a lower graph optimization level, and dynamic
+int8 quantization as a reduced-precision candidate. Each is measured like any other.
+"""
 
 from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 
 from ..export.onnx import export_onnx
 from .base import Backend, Target
 
-__all__ = ["OnnxRuntimeCpu"]
+__all__ = ["OnnxRuntimeCpu", "OnnxRuntimeCpuInt8", "OrtSettings", "onnxruntime_cpu_variants"]
+
+_LEVELS = {"all": "ORT_ENABLE_ALL", "extended": "ORT_ENABLE_EXTENDED", "basic": "ORT_ENABLE_BASIC"}
+_MODES = {"sequential": "ORT_SEQUENTIAL", "parallel": "ORT_PARALLEL"}
+
+
+@dataclass(frozen=True)
+class OrtSettings:
+    """Session options that change speed; the defaults are ONNX Runtime's own."""
+
+    intra_op_threads: int = 0  # 0: ONNX Runtime's default, one per physical core
+    graph_optimization: str = "all"
+    execution_mode: str = "sequential"
+
+    def suffix(self) -> str:
+        """`:threads=1`, `:parallel`, `:opt=basic`: what differs from the defaults."""
+        parts = []
+        if self.intra_op_threads:
+            parts.append(f"threads={self.intra_op_threads}")
+        if self.execution_mode != "sequential":
+            parts.append(self.execution_mode)
+        if self.graph_optimization != "all":
+            parts.append(f"opt={self.graph_optimization}")
+        return "".join(f":{p}" for p in parts)
+
+    def session_options(self):
+        import onnxruntime
+
+        options = onnxruntime.SessionOptions()
+        options.log_severity_level = 3  # errors only: warnings would flood the user's log
+        options.intra_op_num_threads = self.intra_op_threads
+        options.graph_optimization_level = getattr(
+            onnxruntime.GraphOptimizationLevel, _LEVELS[self.graph_optimization]
+        )
+        options.execution_mode = getattr(onnxruntime.ExecutionMode, _MODES[self.execution_mode])
+        return options
 
 
 class OnnxRuntimeCpu(Backend):
-    """An InferenceSession with the CPU execution provider and default session options."""
+    """An InferenceSession with the CPU execution provider and the given session settings."""
 
     name = "onnxruntime-cpu"
     provider = "CPUExecutionProvider"
+
+    def __init__(self, settings: OrtSettings | None = None):
+        self.settings = settings or OrtSettings()
+        self.name = type(self).name + self.settings.suffix()
 
     def available(self) -> str | None:
         try:
@@ -25,14 +75,15 @@ class OnnxRuntimeCpu(Backend):
             return f"ONNX Runtime here has no {self.provider}"
         return None
 
+    def model_bytes(self, target: Target) -> bytes:
+        return export_onnx(target).model_bytes
+
     def prepare(self, target: Target) -> None:
         import onnxruntime
 
         exported = export_onnx(target)
-        options = onnxruntime.SessionOptions()
-        options.log_severity_level = 3  # errors only: warnings would flood the user's log
         self._session = onnxruntime.InferenceSession(
-            exported.model_bytes, options, providers=[self.provider]
+            self.model_bytes(target), self.settings.session_options(), providers=[self.provider]
         )
         used = self._session.get_providers()
         if used[0] != self.provider:  # ONNX Runtime falls back silently; a fallback is a failure
@@ -45,3 +96,48 @@ class OnnxRuntimeCpu(Backend):
 
     def close(self) -> None:
         self._session = None
+
+
+class OnnxRuntimeCpuInt8(OnnxRuntimeCpu):
+    """Dynamic int8 quantization of the weights of MatMul/Gemm/Conv (onnxruntime.quantization)."""
+
+    name = "onnxruntime-cpu-int8"
+    precision = "int8"
+
+    def model_bytes(self, target: Target) -> bytes:
+        return target.shared(
+            "onnx-int8", lambda: _quantize_dynamic(export_onnx(target).model_bytes)
+        )
+
+
+def _quantize_dynamic(model_bytes: bytes) -> bytes:
+    import tempfile
+    from pathlib import Path
+
+    import onnx
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    with tempfile.TemporaryDirectory(prefix="infertune-int8-") as tmp:
+        out = Path(tmp) / "int8.onnx"
+        quantize_dynamic(onnx.load_from_string(model_bytes), out, weight_type=QuantType.QInt8)
+        return out.read_bytes()
+
+
+def usable_cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def onnxruntime_cpu_variants() -> dict[str, Callable[[], Backend]]:
+    """The default session, then one setting changed at a time (threads 1, 2, 4, ... < cores)."""
+    settings = [OrtSettings()]
+    threads = 1
+    while threads < usable_cores():
+        settings.append(OrtSettings(intra_op_threads=threads))
+        threads *= 2
+    settings.append(OrtSettings(execution_mode="parallel"))
+    settings.append(OrtSettings(graph_optimization="basic"))
+    variants: dict[str, Callable[[], Backend]] = {
+        OnnxRuntimeCpu.name + s.suffix(): partial(OnnxRuntimeCpu, s) for s in settings
+    }
+    variants[OnnxRuntimeCpuInt8.name] = OnnxRuntimeCpuInt8
+    return variants
