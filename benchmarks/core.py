@@ -24,10 +24,8 @@ from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+import by_hand
 import numpy as np
-import onnxruntime
-import tensorflow as tf
-import tf2onnx
 
 import infertune
 from infertune.demo import demo_model
@@ -37,33 +35,28 @@ from infertune.measure import measure_interleaved, warm_up
 CASES = [("small-cnn", 1), ("mlp", 1000)]
 
 
-def by_hand(model, sample):
+def runners_by_hand(model, sample) -> tuple[dict, bytes]:
     """The candidates as a user writes them, without infertune: name -> zero-arg runner."""
-    spec = [tf.TensorSpec((None, *sample.shape[1:]), tf.float32)]
-    graph = tf.function(model, input_signature=spec)
-    xla = tf.function(model, input_signature=spec, jit_compile=True)
-    proto, _ = tf2onnx.convert.from_function(
-        tf.function(lambda x: model(x), input_signature=spec), input_signature=spec
-    )
-    session = onnxruntime.InferenceSession(
-        proto.SerializeToString(), providers=["CPUExecutionProvider"]
-    )
-    feed_name = session.get_inputs()[0].name
+    model_bytes = by_hand.onnx_bytes(model, sample)
     return {
-        "model(x)": lambda: model(sample).numpy(),
-        "model.predict(x)": lambda: model.predict(sample, verbose=0),
-        "tf.function": lambda: graph(sample).numpy(),
-        "tf.function+XLA": lambda: xla(sample).numpy(),
-        "onnxruntime session.run": lambda: session.run(None, {feed_name: sample}),
-    }
+        "model(x)": by_hand.keras_call(model, sample),
+        "model.predict(x)": by_hand.keras_predict(model, sample),
+        "tf.function": by_hand.tf_function(model, sample),
+        "tf.function+XLA": by_hand.tf_function(model, sample, jit_compile=True),
+        "onnxruntime session.run": by_hand.onnxruntime_session(model_bytes, sample),
+    }, model_bytes
 
 
-DIRECT = {  # infertune's backend -> the by-hand runner that calls the same runtime directly
-    "keras-eager": "model(x)",
-    "tf-function": "tf.function",
-    "tf-xla": "tf.function+XLA",
-    "onnxruntime-cpu": "onnxruntime session.run",
-}
+def direct_runner(opt, model_bytes: bytes, sample, runners: dict):
+    """The chosen runtime called directly with the chosen settings: (label, runner)."""
+    backend = opt._backend  # the benchmark reads the chosen settings to rebuild them by hand
+    if opt.backend.startswith("onnxruntime-cpu") and not opt.backend.endswith("int8"):
+        options = backend.settings.session_options()
+        return "direct " + opt.backend, by_hand.onnxruntime_session(model_bytes, sample, options)
+    by_name = {"keras-eager": "model(x)", "tf-function": "tf.function", "tf-xla": "tf.function+XLA"}
+    if opt.backend in by_name:
+        return by_name[opt.backend], runners[by_name[opt.backend]]
+    return None, None
 
 
 def run_case(name: str, batch: int, budget_s: float) -> dict:
@@ -72,7 +65,10 @@ def run_case(name: str, batch: int, budget_s: float) -> dict:
     start = time.perf_counter()
     opt = infertune.optimize(model, sample, verbose=False)
     optimize_s = time.perf_counter() - start
-    runners = by_hand(model, sample)
+    runners, model_bytes = runners_by_hand(model, sample)
+    direct_key, direct_run = direct_runner(opt, model_bytes, sample, runners)
+    if direct_key is not None:
+        runners.setdefault(direct_key, direct_run)
     runners["infertune"] = lambda: opt(sample)
     estimates = {key: warm_up(fn) for key, fn in runners.items()}
     result = measure_interleaved(
@@ -80,8 +76,7 @@ def run_case(name: str, batch: int, budget_s: float) -> dict:
     )
     stats = {key: s.to_dict() for key, s in result.stats.items()}
     ours = result.stats["infertune"].p50
-    direct_key = DIRECT[opt.backend]
-    direct = result.stats[direct_key].p50
+    direct = result.stats[direct_key].p50 if direct_key else float("nan")
     return {
         "model": name,
         "batch": batch,

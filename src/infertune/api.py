@@ -64,7 +64,7 @@ def optimize(
         backends: candidate names to try (see `infertune.available_backends()`), or Backend
             instances; None tries every candidate that can run here. The model's own call
             is always measured as the reference.
-        rtol, atol: output-match tolerance (scale-aware, see docs/verification.md).
+        rtol, atol: output-match tolerance (scale-aware, see docs/how-it-works.md).
         objective: "latency" (median per call) or "throughput" (samples/s at the sample's
             batch size).
         time_budget_s: budget for the whole call; candidates not reached are "skipped".
@@ -75,15 +75,19 @@ def optimize(
     Returns:
         An `Optimized` callable; its `.report` says what was tried and why it was chosen.
     """
-    progress = Progress(verbose)
-    precisions = _check_options(rtol, atol, objective, time_budget_s, precision)
-    deadline = math.inf if time_budget_s is None else time.perf_counter() + time_budget_s
+    options = _Options.checked(rtol, atol, objective, time_budget_s, precision)
+    with Progress(verbose) as progress:
+        return _optimize(model, sample_input, backends, options, progress)
 
+
+def _optimize(model, sample_input, backends, options: _Options, progress: Progress) -> Optimized:
+    progress.stage("loading the model")
     source = load_model(model)
     signature, sample = build_signature(sample_input, source.declared_inputs, source.default_float)
     progress.say(f"{source.description}; inputs {signature.describe()}")
     candidates = _candidates(source, backends)
 
+    progress.stage("computing reference outputs")
     reference, outputs, first_call_s = _reference(source, signature, sample)
     target = Target(source, signature, outputs, [ref.dtype for ref in reference])
     checks = _checks(source, signature, sample, reference, progress)
@@ -93,51 +97,32 @@ def optimize(
     for backend in candidates:
         result = CandidateResult(name=backend.name, status="ok", precision=backend.precision)
         results.append(result)
-        if backend.precision not in precisions:
-            result.status = "skipped"
-            result.reason = (
-                f"{backend.precision} candidate; allow it with precision=(..., "
-                f"{backend.precision!r}) where a reduced-precision error is acceptable"
-            )
+        if not _admitted(backend, result, options, is_reference=backend is candidates[0]):
             continue
-        reason = backend.available()
-        if reason is not None:
-            result.status, result.reason = "unavailable", reason
-            continue
-        if time.perf_counter() > deadline and backend is not candidates[0]:
-            result.status = "skipped"
-            result.reason = f"not reached within time_budget_s={time_budget_s:g}"
-            continue
-        first = first_call_s if isinstance(backend, KerasEager) else None
-        if _prepare_and_verify(backend, target, checks, result, rtol, atol, progress, first):
+        first = first_call_s if backend is candidates[0] else None
+        if _prepare_and_verify(backend, target, checks, result, options, progress, first):
             contenders[backend.name] = backend
         else:
             backend.close()
-
-    reference_result = results[0]
-    if reference_result.status != "ok":
+    if results[0].status != "ok":
         raise ModelError(
             f"The model does not reproduce its own outputs on the same input "
-            f"({reference_result.reason}); a model with randomness at inference (dropout in "
+            f"({results[0].reason}); a model with randomness at inference (dropout in "
             f"training mode, random layers) cannot be verified."
         )
 
-    budget = (
-        DEFAULT_MEASURE_S if time_budget_s is None else max(0.2, deadline - time.perf_counter())
-    )
-    _measure(contenders, sample, results, signature, budget, progress)
-    chosen, why = _select(results, objective)
+    _measure(contenders, sample, results, signature, options.measure_budget(), progress)
+    chosen, why = _select(results, options.objective)
     for name, backend in contenders.items():
         if name != chosen.name:
             backend.close()
-
     report = Report(
         model=source.description,
         signature=signature.describe(),
         batch_size=signature.sample_batch,
-        objective=objective,
-        rtol=rtol,
-        atol=atol,
+        objective=options.objective,
+        rtol=options.rtol,
+        atol=options.atol,
         candidates=results,
         environment=collect_environment(),
         selected=chosen.name,
@@ -155,28 +140,66 @@ def available_backends() -> list[str]:
 
 
 # -- steps ------------------------------------------------------------------------------------
-def _check_options(rtol, atol, objective, time_budget_s, precision) -> tuple[str, ...]:
-    if not (
-        isinstance(rtol, int | float) and rtol >= 0 and isinstance(atol, int | float) and atol >= 0
-    ):
-        raise OptionError(
-            f"rtol and atol must be numbers >= 0. Received: rtol={rtol!r}, atol={atol!r}."
+@dataclass(frozen=True)
+class _Options:
+    """optimize()'s tuning options, checked once."""
+
+    rtol: float
+    atol: float
+    objective: str
+    time_budget_s: float | None
+    precisions: tuple[str, ...]
+    deadline: float
+
+    @classmethod
+    def checked(cls, rtol, atol, objective, time_budget_s, precision) -> _Options:
+        numbers = isinstance(rtol, int | float) and isinstance(atol, int | float)
+        if not (numbers and rtol >= 0 and atol >= 0):
+            raise OptionError(
+                f"rtol and atol must be numbers >= 0. Received: rtol={rtol!r}, atol={atol!r}."
+            )
+        if objective not in OBJECTIVES:
+            raise OptionError(
+                f"objective must be one of {OBJECTIVES}. Received: objective={objective!r}."
+            )
+        if time_budget_s is not None and not (
+            isinstance(time_budget_s, int | float) and time_budget_s > 0
+        ):
+            raise OptionError(
+                f"time_budget_s must be a positive number or None. Received: {time_budget_s!r}."
+            )
+        precisions = (precision,) if isinstance(precision, str) else tuple(precision)
+        if not precisions or any(p not in PRECISIONS for p in precisions):
+            raise OptionError(
+                f"precision must be a subset of {PRECISIONS}. Received: {precision!r}."
+            )
+        deadline = math.inf if time_budget_s is None else time.perf_counter() + time_budget_s
+        return cls(rtol, atol, objective, time_budget_s, precisions, deadline)
+
+    def measure_budget(self) -> float:
+        if self.time_budget_s is None:
+            return DEFAULT_MEASURE_S
+        return max(0.2, self.deadline - time.perf_counter())
+
+
+def _admitted(backend: Backend, result: CandidateResult, options: _Options, is_reference: bool):
+    """Whether a candidate goes on to prepare; if not, its result says why."""
+    if backend.precision not in options.precisions:
+        result.status = "skipped"
+        result.reason = (
+            f"{backend.precision} candidate; allow it with precision=(..., "
+            f"{backend.precision!r}) where a reduced-precision error is acceptable"
         )
-    if objective not in OBJECTIVES:
-        raise OptionError(
-            f"objective must be one of {OBJECTIVES}. Received: objective={objective!r}."
-        )
-    if time_budget_s is not None and not (
-        isinstance(time_budget_s, int | float) and time_budget_s > 0
-    ):
-        raise OptionError(
-            f"time_budget_s must be a positive number or None. Received: {time_budget_s!r}."
-        )
-    precisions = (precision,) if isinstance(precision, str) else tuple(precision)
-    unknown = [p for p in precisions if p not in PRECISIONS]
-    if unknown or not precisions:
-        raise OptionError(f"precision must be a subset of {PRECISIONS}. Received: {precision!r}.")
-    return precisions
+        return False
+    reason = backend.available()
+    if reason is not None:
+        result.status, result.reason = "unavailable", reason
+        return False
+    if time.perf_counter() > options.deadline and not is_reference:
+        result.status = "skipped"
+        result.reason = f"not reached within time_budget_s={options.time_budget_s:g}"
+        return False
+    return True
 
 
 def _candidates(source: ModelSource, backends: Sequence[str | Backend] | None) -> list[Backend]:
@@ -257,8 +280,7 @@ def _prepare_and_verify(
     target: Target,
     checks: list[_Check],
     result: CandidateResult,
-    rtol: float,
-    atol: float,
+    options: _Options,
     progress: Progress,
     first_call_s: float | None,
 ) -> bool:
@@ -266,7 +288,7 @@ def _prepare_and_verify(
     name = backend.name
     stage = "prepare"
     try:
-        progress.say(f"{name}: preparing")
+        progress.stage(f"{name}: preparing")
         # prepare_s counts the shared conversions it used (the ONNX export) whoever paid them,
         # so that every ONNX-based candidate shows what it costs on its own.
         used_before, paid_before = len(target.used), target.shared_seconds(target.used)
@@ -275,14 +297,16 @@ def _prepare_and_verify(
         paid_here = target.shared_seconds(target.used) - paid_before
         result.prepare_s = seconds - paid_here + target.shared_seconds(used)
         stage = "first call"
+        progress.stage(f"{name}: first call")
         outputs, seconds = time_once(lambda: backend.run(checks[0].inputs))
         result.first_call_ms = 1e3 * (first_call_s if first_call_s is not None else seconds)
         stage = "verification"
+        progress.stage(f"{name}: verifying on {len(checks)} inputs")
         comparison = Comparison(True, "")
         for check in checks:
             if check is not checks[0]:
                 outputs = backend.run(check.inputs)
-            found = compare_outputs(outputs, check.reference, rtol, atol)
+            found = compare_outputs(outputs, check.reference, options.rtol, options.atol)
             if not found:
                 found = Comparison(
                     False, f"on {check.label}: {found.reason}", found.max_abs_err, found.max_rel_err
@@ -319,8 +343,17 @@ def _measure(
         except Exception as exc:
             by_name[name].status, by_name[name].reason = "failed", f"warm-up: {one_line(exc)}"
             del runners[name]
-    progress.say(f"measuring {', '.join(runners)} in interleaved rounds (up to {budget_s:.1f} s)")
-    measured = measure_interleaved(runners, budget_s=budget_s, per_call_estimate_s=estimates)
+    progress.say(
+        f"measuring {len(runners)} candidates in interleaved rounds (up to {budget_s:.1f} s)"
+    )
+    measured = measure_interleaved(
+        runners,
+        budget_s=budget_s,
+        per_call_estimate_s=estimates,
+        on_round=lambda n, t: progress.stage(
+            f"measuring: round {n}, {t:.1f} of {budget_s:.1f} s", log=False
+        ),
+    )
     for name, reason in measured.errors.items():
         by_name[name].status, by_name[name].reason = "failed", f"measurement: {reason}"
     batch = signature.sample_batch or 1
