@@ -1,4 +1,4 @@
-"""The `infertune` command as a user runs it, in a new process."""
+"""The `infertune` command: every verb, its errors, and `python -m infertune` in a new process."""
 
 from __future__ import annotations
 
@@ -6,28 +6,96 @@ import json
 import subprocess
 import sys
 
+import numpy as np
+import pytest
+from conftest import dense_model, dict_model
 
-def _run(*args, **kwargs):
-    return subprocess.run(
-        [sys.executable, "-m", "infertune", *args],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        **kwargs,
-    )
+from infertune.cli import main
 
 
-def test_demo_prints_report_and_writes_json(tmp_path):
-    done = _run("demo", "--model", "mlp", "--json", str(tmp_path / "r.json"), "--budget", "20")
+def test_demo_in_a_new_process(tmp_path):
+    done = subprocess.run(
+        [sys.executable, "-m", "infertune", "demo", "--model", "mlp", "--budget", "20",
+         "--json", str(tmp_path / "r.json")],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
     assert done.returncode == 0, done.stderr
-    assert "infertune report: Keras model 'mlp'" in done.stdout
-    assert "selected:" in done.stdout
+    assert "infertune report: Keras model 'mlp'" in done.stdout and "selected:" in done.stdout
     assert "[infertune" in done.stderr  # progress goes to stderr, the report to stdout
     data = json.loads((tmp_path / "r.json").read_text())
     assert data["selected"] in [c["name"] for c in data["candidates"]]
 
 
-def test_bad_argument_is_one_line_and_nonzero():
-    done = _run("demo", "--model", "resnet9000")
-    assert done.returncode != 0
-    assert "invalid choice: 'resnet9000'" in done.stderr
+def test_optimize_a_keras_file_then_print_its_report(tmp_path, capsys):
+    dense_model().save(tmp_path / "m.keras")
+    code = main(["optimize", str(tmp_path / "m.keras"), "--backends", "tf-function", "--batch",
+                 "3", "--json", str(tmp_path / "r.json"), "--quiet"])  # fmt: skip
+    out = capsys.readouterr().out
+    assert code == 0 and "x: shape (None, 6) float32   batch: 3" in out
+    assert main(["report", str(tmp_path / "r.json")]) == 0
+    assert capsys.readouterr().out.splitlines()[:5] == out.splitlines()[:5]
+
+
+def test_optimize_with_a_sample_file_and_dict_inputs(tmp_path, capsys):
+    dict_model().save(tmp_path / "d.keras")
+    rng = np.random.default_rng(0)
+    np.savez(tmp_path / "x.npz", features=rng.random((2, 4), dtype=np.float32),
+             tokens=rng.integers(0, 20, (2, 5)).astype("int32"))  # fmt: skip
+    code = main(["optimize", str(tmp_path / "d.keras"), "--sample", str(tmp_path / "x.npz"),
+                 "--backends", "onnxruntime-cpu", "--quiet"])  # fmt: skip
+    out = capsys.readouterr().out
+    assert code == 0 and "features: shape (None, 4) float32; tokens: shape (None, 5) int32" in out
+
+
+def test_undeclared_inputs_need_input_shapes(tmp_path, capsys):
+    import tensorflow as tf
+
+    class Double(tf.Module):
+        @tf.function
+        def __call__(self, x):
+            return 2.0 * x
+
+    module = Double()
+    module.__call__.get_concrete_function(tf.TensorSpec((None, 3), tf.float32))
+    module.__call__.get_concrete_function(tf.TensorSpec((None, 4), tf.float32))
+    tf.saved_model.save(module, str(tmp_path / "double"))
+    assert main(["optimize", str(tmp_path / "double"), "--quiet"]) == 1
+    assert "give them with --input" in capsys.readouterr().err
+    code = main(["optimize", str(tmp_path / "double"), "--input", "2x3:float32", "--quiet",
+                 "--backends", "tf-function"])  # fmt: skip
+    assert code == 0 and "x: shape (None, 3) float32" in capsys.readouterr().out
+
+
+def test_env_lists_every_candidate(capsys):
+    from infertune import available_backends
+
+    assert main(["env"]) == 0
+    out = capsys.readouterr().out
+    for name in available_backends():
+        assert name in out
+    assert "onnxruntime-cpu-int8" in out and "off by default" in out
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["demo", "--model", "resnet9000"], "invalid choice: 'resnet9000'"),
+        (["optimize"], "the following arguments are required: path"),
+        (["optimize", "m.keras", "--batch", "0"], "must be >= 1"),
+        (["frobnicate"], "invalid choice: 'frobnicate'"),
+    ],
+)
+def test_bad_arguments_give_one_line_and_exit_2(argv, message, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2
+    assert len(err.strip().splitlines()) == 1 and message in err
+
+
+def test_errors_from_the_library_exit_1(tmp_path, capsys):
+    assert main(["optimize", str(tmp_path / "missing.keras")]) == 1
+    assert capsys.readouterr().err.startswith("infertune: error: No model at")
+    (tmp_path / "bad.json").write_text("{}")
+    assert main(["report", str(tmp_path / "bad.json")]) == 1
+    assert "is not an infertune report" in capsys.readouterr().err

@@ -1,54 +1,274 @@
-"""The `infertune` command."""
+"""The `infertune` command: optimize, demo, report, env."""
 
 from __future__ import annotations
 
 import argparse
 import os
 import sys
+from pathlib import Path
+from typing import NoReturn
 
 __all__ = ["main"]
 
+_DTYPES = ("float32", "float16", "float64", "int32", "int64", "uint8", "int8", "bool")
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, with a bad argument reported on one line (no usage dump) and exit code 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from .demo import DEMO_MODELS
+
+    parser = _Parser(
         prog="infertune",
         description="Make TensorFlow/Keras inference fast by measuring every backend here.",
     )
-    verbs = parser.add_subparsers(dest="verb", metavar="VERB")
+    verbs = parser.add_subparsers(dest="verb", metavar="VERB", parser_class=_Parser)
+
+    opt = verbs.add_parser(
+        "optimize",
+        help="optimize a SavedModel directory or a .keras/.h5 file",
+        description="Optimize a saved model and print the report. Inputs come from --sample, "
+        "or are drawn at random from the model's declared input shapes (dimensions the model "
+        "leaves open other than the batch must be given with --input).",
+    )
+    opt.add_argument("path", help="SavedModel directory or .keras/.h5 file")
+    opt.add_argument(
+        "--sample", metavar="FILE.npz", help="real inputs: an .npz, one array per input name"
+    )
+    opt.add_argument(
+        "--input", action="append", default=[], metavar="NAME=DIMS:DTYPE",
+        help="shape and dtype of an input, e.g. x=1x28x28x1:float32 (NAME= may be left out "
+        "for a single-input model); repeat for each input",
+    )  # fmt: skip
+    opt.add_argument("--batch", type=_positive_int, default=1, help="batch size of drawn inputs")
+    opt.add_argument(
+        "--int-range",
+        default="0,10",
+        metavar="LOW,HIGH",
+        help="value range of drawn integer inputs such as token ids (default 0,10)",
+    )
+    _tuning_options(opt)
+    opt.set_defaults(run=_optimize)
+
     demo = verbs.add_parser(
         "demo",
         help="optimize a built-in demo model and print the report",
         description="Build a demo model with random weights, optimize it, print the report.",
     )
-    from .demo import DEMO_MODELS
-
     demo.add_argument("--model", choices=sorted(DEMO_MODELS), default="small-cnn")
-    demo.add_argument("--budget", type=float, default=None, metavar="SECONDS",
-                      help="time budget for optimize() (default: none)")  # fmt: skip
-    demo.add_argument("--json", metavar="FILE", help="also write the report as JSON")
-    demo.add_argument("--quiet", action="store_true", help="no progress lines")
+    _tuning_options(demo)
+    demo.set_defaults(run=_demo)
+
+    report = verbs.add_parser(
+        "report", help="print a saved report", description="Print a report saved as JSON."
+    )
+    report.add_argument("file", help="JSON written by --json or Report.to_json()")
+    report.set_defaults(run=_report)
+
+    env = verbs.add_parser(
+        "env",
+        help="which candidates can run here, and why the others cannot",
+        description="List every candidate backend: available here, or the reason it is not.",
+    )
+    env.set_defaults(run=_env)
+    return parser
+
+
+def _tuning_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--backends", type=_names, metavar="A,B",
+                        help="candidates to try (default: all; see `infertune env`)")  # fmt: skip
+    parser.add_argument("--objective", choices=("latency", "throughput"), default="latency")
+    parser.add_argument("--precision", type=_names, default=("fp32",), metavar="P,Q",
+                        help="allowed precisions: fp32,fp16,bf16,int8 (default fp32)")  # fmt: skip
+    parser.add_argument("--rtol", type=float, default=1e-3)
+    parser.add_argument("--atol", type=float, default=1e-5)
+    parser.add_argument("--budget", type=float, default=None, metavar="SECONDS",
+                        help="time budget for the whole optimization")  # fmt: skip
+    parser.add_argument("--json", metavar="FILE", help="also write the report as JSON")
+    parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
     args = parser.parse_args(argv)
     if args.verb is None:
         parser.print_help()
         return 2
-    return _demo(args)
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's start-up chatter
+    from .errors import InfertuneError
+
+    try:
+        return args.run(args)
+    except (InfertuneError, OSError) as exc:
+        print(f"infertune: error: {exc}", file=sys.stderr)
+        return 1
+
+
+# -- verbs ----------------------------------------------------------------------------------
+def _optimize(args: argparse.Namespace) -> int:
+    from .models import load_model
+
+    source = load_model(args.path)
+    sample = _sample(args, source.declared_inputs)
+    return _tune_and_print(source, sample, args)
 
 
 def _demo(args: argparse.Namespace) -> int:
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's start-up chatter
-    import infertune
-    from infertune.demo import demo_model
+    from .demo import demo_model
 
     model, sample = demo_model(args.model)
-    try:
-        opt = infertune.optimize(model, sample, time_budget_s=args.budget, verbose=not args.quiet)
-    except infertune.InfertuneError as exc:
-        print(f"infertune: error: {exc}", file=sys.stderr)
-        return 1
+    return _tune_and_print(model, sample, args)
+
+
+def _tune_and_print(model, sample, args: argparse.Namespace) -> int:
+    import infertune
+
+    opt = infertune.optimize(
+        model,
+        sample,
+        backends=args.backends,
+        objective=args.objective,
+        precision=args.precision,
+        rtol=args.rtol,
+        atol=args.atol,
+        time_budget_s=args.budget,
+        verbose=not args.quiet,
+    )
     print(opt.report)
     if args.json:
         opt.report.to_json(args.json)
     return 0
+
+
+def _report(args: argparse.Namespace) -> int:
+    import json
+
+    from .errors import InfertuneError
+    from .report import Report
+
+    try:
+        report = Report.from_json(args.file)
+    except (json.JSONDecodeError, KeyError, TypeError) as exc:
+        raise InfertuneError(f"{args.file} is not an infertune report: {exc}") from exc
+    print(report)
+    return 0
+
+
+def _env(args: argparse.Namespace) -> int:
+    from .backends import BACKENDS
+    from .environment import collect_environment
+
+    env = collect_environment()
+    cpu = env["cpu"]
+    print(f"Python {env['python']} on {env['platform']}")
+    print(f"CPU: {cpu['model']}, {cpu['usable_cores']} usable cores, {', '.join(cpu['features'])}")
+    installed = {k: v for k, v in env["packages"].items() if v}
+    print("packages: " + ", ".join(f"{k} {v}" for k, v in installed.items()))
+    print()
+    width = max(len(name) for name in BACKENDS)
+    print(f"{'keras-eager'.ljust(width)}  available (the model's own call, always measured)")
+    for name, factory in BACKENDS.items():
+        backend = factory()
+        reason = backend.available()
+        extra = f" [{backend.precision}, off by default]" if backend.precision != "fp32" else ""
+        print(f"{name.ljust(width)}  {'available' if reason is None else reason}{extra}")
+    return 0
+
+
+# -- argument parsing -----------------------------------------------------------------------
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _names(text: str) -> tuple[str, ...]:
+    names = tuple(part.strip() for part in text.split(",") if part.strip())
+    if not names:
+        raise argparse.ArgumentTypeError("expected a comma-separated list")
+    return names
+
+
+def _parse_input(text: str) -> tuple[str | None, tuple[int, ...], str]:
+    name, _, rest = text.rpartition("=")
+    dims, _, dtype = rest.partition(":")
+    try:
+        shape = tuple(int(d) for d in dims.lower().split("x") if d)
+    except ValueError:
+        raise _UsageError(f"--input {text!r}: dimensions must be integers like 1x28x28x1") from None
+    dtype = dtype or "float32"
+    if dtype not in _DTYPES:
+        raise _UsageError(f"--input {text!r}: dtype must be one of {', '.join(_DTYPES)}")
+    return name or None, shape, dtype
+
+
+class _UsageError(Exception):
+    pass
+
+
+def _sample(args: argparse.Namespace, declared):
+    """The sample: from --sample, else drawn from --input and the model's declared inputs."""
+    import numpy as np
+
+    from .errors import InputError
+    from .structure import flatten
+
+    if args.sample:
+        with np.load(Path(args.sample)) as data:
+            arrays = {key: data[key] for key in data.files}
+        if list(arrays) == ["arr_0"]:
+            return arrays["arr_0"]
+        if declared is not None and not isinstance(declared, dict) and len(arrays) == 1:
+            return next(iter(arrays.values()))
+        return arrays
+    try:
+        given = [_parse_input(text) for text in args.input]
+        low, high = (int(v) for v in args.int_range.split(","))
+    except _UsageError as exc:
+        raise InputError(str(exc)) from None
+    except ValueError:
+        raise InputError(f"--int-range {args.int_range!r}: expected LOW,HIGH integers") from None
+    rng = np.random.default_rng(0)
+
+    def draw(shape, dtype):
+        if np.dtype(dtype).kind in "iub":
+            return rng.integers(low, high, size=shape).astype(dtype)
+        return rng.random(shape).astype(dtype)
+
+    if declared is None:
+        if not given:
+            raise InputError(
+                "The model does not declare its inputs: give them with --input "
+                "NAME=DIMS:DTYPE (e.g. --input 1x28x28x1:float32) or --sample FILE.npz."
+            )
+        if len(given) == 1 and given[0][0] is None:
+            return draw(given[0][1], given[0][2])
+        return {name: draw(shape, dtype) for name, shape, dtype in given}
+    by_name = {name: (shape, dtype) for name, shape, dtype in given}
+    leaves, structure = flatten(declared)
+    names = ["x"] if structure.kind == "leaf" else structure.leaf_names()
+    arrays = []
+    for name, decl in zip(names, leaves):
+        if name in by_name or (len(leaves) == 1 and None in by_name):
+            shape, dtype = by_name.get(name) or by_name[None]
+        else:
+            dims = list(decl.shape)
+            if dims and dims[0] is None:
+                dims[0] = args.batch
+            if any(d is None for d in dims):
+                raise InputError(
+                    f"Input '{name}' has open dimensions {decl.shape}: give its shape with "
+                    f"--input {name}=DIMS:DTYPE."
+                )
+            shape, dtype = tuple(dims), (decl.dtype.name if decl.dtype is not None else "float32")
+        arrays.append(draw(shape, dtype))
+    return structure.pack(arrays)
 
 
 if __name__ == "__main__":

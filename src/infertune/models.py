@@ -67,6 +67,8 @@ class ModelSource:
 
 def load_model(model: Any) -> ModelSource:
     """Wrap what the user passed to optimize() as a ModelSource, or raise ModelError."""
+    if isinstance(model, ModelSource):  # already loaded (the command line loads it first)
+        return model
     if isinstance(model, str | os.PathLike):
         return _load_path(Path(model))
     if _is_keras_model(model):
@@ -111,7 +113,11 @@ def _keras_declared_inputs(model: Any) -> Any | None:
     try:
         symbolic = model.input
     except (AttributeError, ValueError):
-        return None
+        # A Sequential model loaded from a file has `inputs` but "was never called".
+        symbolic = getattr(model, "inputs", None)
+        if not symbolic:
+            return None
+        symbolic = symbolic[0] if len(symbolic) == 1 else list(symbolic)
     leaves, structure = flatten(symbolic)
     declared = []
     for leaf in leaves:
@@ -165,7 +171,8 @@ def _declared_from_fn(fn: Any) -> Any | None:
     signature = getattr(fn, "input_signature", None)
     if signature is None:
         concrete = getattr(fn, "concrete_functions", None)  # functions restored from SavedModel
-        if concrete and len(concrete) >= 1:
+        traced = {repr(c.structured_input_signature) for c in concrete or ()}
+        if len(traced) == 1:  # several traced signatures: the sample decides, not one of them
             args, kwargs = concrete[0].structured_input_signature
             signature = args if not kwargs else None
     if not signature or len(signature) != 1:

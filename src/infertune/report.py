@@ -49,6 +49,17 @@ class CandidateResult:
     def n(self) -> int | None:
         return self.latency.n if self.latency else None
 
+    @classmethod
+    def from_dict(cls, data: dict) -> CandidateResult:
+        fields = {k: _unfinite(data.get(k)) for k in cls.__dataclass_fields__ if k != "latency"}
+        latency = data.get("latency_ms")
+        if latency is not None:
+            latency = dict(latency)
+            for key in ("round_medians", "round_means"):
+                latency[key] = tuple(latency.get(key, ()))
+            latency = LatencyStats(**latency)
+        return cls(**fields, latency=latency)
+
     def to_dict(self) -> dict:
         """Flat fields (p50, p90, p99, mean, n in ms) plus the full `latency_ms` statistics."""
         data = asdict(self)
@@ -102,6 +113,17 @@ class Report:
             "environment": self.environment,
             "notes": list(self.notes),
         }
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Report:
+        """A report read back from `to_dict()` output (for example a saved JSON file)."""
+        fields = {k: data[k] for k in cls.__dataclass_fields__ if k in data and k != "candidates"}
+        candidates = [CandidateResult.from_dict(c) for c in data.get("candidates", [])]
+        return cls(**fields, candidates=candidates)
+
+    @classmethod
+    def from_json(cls, path: str | Path) -> Report:
+        return cls.from_dict(json.loads(Path(path).read_text(encoding="utf-8")))
 
     def to_json(self, path: str | Path | None = None) -> str:
         """The report as JSON; written to `path` too when one is given."""
@@ -174,6 +196,11 @@ def _num(value: float | None) -> str:
 
 def _err(value: float | None) -> str:
     return "-" if value is None else f"{value:.1e}"
+
+
+def _unfinite(value):
+    """Inverse of `_finite` for one value: "inf" and "nan" strings back to floats."""
+    return float(value) if value in ("inf", "-inf", "nan") else value
 
 
 def _finite(value):
