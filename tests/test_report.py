@@ -74,7 +74,7 @@ def test_select_needs_a_margin_beyond_noise():
     fast = _result("fast", [1.00, 1.06, 0.98, 1.07, 0.99, 1.05], prepare_s=5.0)
     cheap = _result("cheap", [1.03, 1.01, 1.04, 1.00, 1.03, 1.02], prepare_s=0.1)
     chosen, why = _select([base, fast, cheap], "latency")
-    assert chosen is cheap and "cheaper to prepare" in why
+    assert chosen is cheap and "cheaper to start" in why
     assert "within noise" in fast.reason
 
 

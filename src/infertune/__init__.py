@@ -7,13 +7,15 @@ print(opt.report)                               # what was tried, how fast, how 
 
 from __future__ import annotations
 
-from .api import available_backends, optimize
+from .api import available_backends, explain, optimize
+from .diagnosis import Diagnosis
 from .errors import InfertuneError, InputError, ModelError, OptionError
 from .optimized import Optimized
 from .report import CandidateResult, Report
 
 __all__ = [
     "CandidateResult",
+    "Diagnosis",
     "InfertuneError",
     "InputError",
     "ModelError",
@@ -21,6 +23,7 @@ __all__ = [
     "OptionError",
     "Report",
     "available_backends",
+    "explain",
     "optimize",
 ]
 

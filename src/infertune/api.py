@@ -14,6 +14,15 @@ from typing import Any
 import numpy as np
 
 from .backends import BACKENDS, Backend, KerasEager
+from .backends.onnxruntime import usable_cores
+from .diagnosis import (
+    Diagnosis,
+    advise,
+    count_flops,
+    measure_float32_ceiling,
+    measure_retracing,
+    rate_of,
+)
 from .environment import collect_environment
 from .errors import InputError, ModelError, OptionError, one_line
 from .inputs import InputSignature, build_signature
@@ -25,7 +34,7 @@ from .report import CandidateResult, Report
 from .target import Target
 from .verify import Comparison, compare_outputs
 
-__all__ = ["optimize"]
+__all__ = ["available_backends", "explain", "optimize"]
 
 OBJECTIVES = ("latency", "throughput")
 PRECISIONS = ("fp32", "fp16", "bf16", "int8")
@@ -89,7 +98,7 @@ def _optimize(model, sample_input, backends, options: _Options, progress: Progre
 
     progress.stage("computing reference outputs")
     reference, outputs, first_call_s = _reference(source, signature, sample)
-    target = Target(source, signature, outputs, [ref.dtype for ref in reference])
+    target = Target(source, signature, outputs, [ref.dtype for ref in reference], options.objective)
     checks = _checks(source, signature, sample, reference, progress)
 
     results: list[CandidateResult] = []
@@ -116,6 +125,8 @@ def _optimize(model, sample_input, backends, options: _Options, progress: Progre
     for name, backend in contenders.items():
         if name != chosen.name:
             backend.close()
+    progress.stage("diagnosis: counting the arithmetic, measuring the machine's peak")
+    diagnosis = diagnose(source, signature, sample, results, chosen.name)
     report = Report(
         model=source.description,
         signature=signature.describe(),
@@ -129,9 +140,49 @@ def _optimize(model, sample_input, backends, options: _Options, progress: Progre
         selection_reason=why,
         total_s=progress.elapsed(),
         notes=_notes(target, checks),
+        diagnosis=diagnosis,
     )
     progress.say(f"selected {chosen.name}: {why}")
     return Optimized(contenders[chosen.name], signature, outputs, report)
+
+
+def explain(
+    model: Any,
+    sample_input: Any,
+    *,
+    batch_sizes: Sequence[int] | None = None,
+    backends: Sequence[str | Backend] | None = None,
+    time_budget_s: float | None = None,
+    verbose: bool = True,
+) -> Diagnosis:
+    """Measure where the time goes for this model on this machine, and say it in plain words.
+
+    Runs optimize() (every path's first call and steady state, eager vs graph), then times
+    `model.predict(x)` against `model(x)` and counts the traces a plain tf.function makes
+    over `batch_sizes` (default 1, 2, 4, 8). Returns a `Diagnosis`; print it.
+    """
+    source = load_model(model)
+    opt = optimize(
+        source, sample_input, backends=backends, time_budget_s=time_budget_s, verbose=verbose
+    )
+    diagnosis = opt.report.diagnosis
+    signature = opt.input_signature
+    sample = signature.flatten(sample_input)
+    with Progress(verbose) as progress:
+        if source.is_keras and hasattr(source.owner, "predict"):
+            progress.stage("timing model.predict(x) against model(x)")
+            diagnosis.model_call_ms, diagnosis.predict_ms = _predict_vs_call(
+                source, signature, sample
+            )
+        if signature.batch_is_dynamic:
+            sizes = list(batch_sizes or (1, 2, 4, 8))
+            progress.stage(f"counting tf.function traces over batch sizes {sizes}")
+            diagnosis.retracing = measure_retracing(
+                source.graph_function(signature), signature, sizes, np.random.default_rng(0)
+            )
+        diagnosis.advice = advise(diagnosis)
+    opt.close()
+    return diagnosis
 
 
 def available_backends() -> list[str]:
@@ -405,19 +456,88 @@ def _select(results: list[CandidateResult], objective: str) -> tuple[CandidateRe
     return chosen, why
 
 
+def diagnose(
+    source: ModelSource,
+    signature: InputSignature,
+    sample: list[np.ndarray],
+    results: list[CandidateResult],
+    selected: str,
+) -> Diagnosis:
+    """The diagnosis part every report carries: rates of the measured paths against the peak."""
+    flops, flops_note = count_flops(source.graph_function(signature), sample)
+    peak = measure_float32_ceiling()
+    by_name = {r.name: r for r in results}
+    names = [results[0].name, "tf-function", "tf-xla", "onnxruntime-cpu", selected]
+    paths = []
+    for name in dict.fromkeys(names):  # in order, without repeats
+        r = by_name.get(name)
+        if r is not None and r.latency is not None:
+            paths.append(rate_of(r.name, r.first_call_ms, r.latency.p50, flops, peak))
+    environment = collect_environment()
+    diagnosis = Diagnosis(
+        model=source.description,
+        batch_size=signature.sample_batch,
+        flops=flops,
+        flops_note=flops_note,
+        peak_gflops=peak,
+        paths=paths,
+        selected=selected,
+        threads=_threads_in_use(by_name.get(selected)),
+        cpu_features=environment["cpu"]["features"],
+        gpu=", ".join(environment["gpus"])
+        or "none: TensorFlow sees no GPU, host-device copies do not apply",
+    )
+    diagnosis.advice = advise(diagnosis)
+    return diagnosis
+
+
+def _threads_in_use(selected: CandidateResult | None) -> dict:
+    import tensorflow as tf
+
+    cores = usable_cores()
+    intra = tf.config.threading.get_intra_op_parallelism_threads()
+    inter = tf.config.threading.get_inter_op_parallelism_threads()
+    threads = {
+        "tensorflow_intra_op": intra or f"default ({cores} cores)",
+        "tensorflow_inter_op": inter or "default",
+        "usable_cores": cores,
+    }
+    if selected is not None and selected.name.startswith("onnxruntime-cpu"):
+        marker = ":threads="
+        chosen = selected.name.split(marker)[1].split(":")[0] if marker in selected.name else None
+        threads["onnxruntime_intra_op"] = chosen or "default (one per physical core)"
+    return threads
+
+
+def _predict_vs_call(source, signature, sample) -> tuple[float, float]:
+    """Median ms of model(x) and model.predict(x) on the sample, interleaved."""
+    x = signature.structure.pack(sample)
+    keras_model = source.owner
+    runners = {
+        "call": lambda: source.call_flat(signature, sample),
+        "predict": lambda: keras_model.predict(x, verbose=0),
+    }
+    estimates = {name: warm_up(run, min_calls=2, min_s=0.05) for name, run in runners.items()}
+    measured = measure_interleaved(
+        runners, budget_s=2.0, min_rounds=3, per_call_estimate_s=estimates
+    )
+    return measured.stats["call"].p50, measured.stats["predict"].p50
+
+
 def _tie_key(r: CandidateResult) -> tuple:
-    """Full precision first, then the smaller error and the cheaper prepare (by decade each:
-    2e-7 and 3e-7 are the same float32 round-off), then the faster."""
+    """Full precision first, then the smaller error and the cheaper start (prepare plus first
+    call), each by decade (2e-7 and 3e-7 are the same float32 round-off), then the faster."""
     return (
         r.precision != "fp32",
         _decade(r.max_rel_err or 0.0),
-        _decade(r.prepare_s or 0.0),
+        _decade((r.prepare_s or 0.0) + (r.first_call_ms or 0.0) / 1e3),  # XLA compiles late
         r.latency.p50 if r.latency else math.inf,
     )
 
 
-def _decade(value: float) -> int:
-    return math.floor(math.log10(value)) if value > 0 else -99
+def _decade(value: float, floor: int = -6) -> int:
+    """Order of magnitude; everything under 1e-6 is float32 round-off and counts as equal."""
+    return max(math.floor(math.log10(value)), floor) if value > 0 else floor
 
 
 def _tie_words(chosen: CandidateResult, other: CandidateResult) -> str:
@@ -427,7 +547,7 @@ def _tie_words(chosen: CandidateResult, other: CandidateResult) -> str:
     if a[1] != b[1]:
         return "more exact"
     if a[2] != b[2]:
-        return "cheaper to prepare"
+        return "cheaper to start"
     return "faster median"
 
 

@@ -37,23 +37,29 @@ def build_parser() -> argparse.ArgumentParser:
         "leaves open other than the batch must be given with --input).",
     )
     opt.add_argument("path", help="SavedModel directory or .keras/.h5 file")
-    opt.add_argument(
-        "--sample", metavar="FILE.npz", help="real inputs: an .npz, one array per input name"
-    )
-    opt.add_argument(
-        "--input", action="append", default=[], metavar="NAME=DIMS:DTYPE",
-        help="shape and dtype of an input, e.g. x=1x28x28x1:float32 (NAME= may be left out "
-        "for a single-input model); repeat for each input",
-    )  # fmt: skip
-    opt.add_argument("--batch", type=_positive_int, default=1, help="batch size of drawn inputs")
-    opt.add_argument(
-        "--int-range",
-        default="0,10",
-        metavar="LOW,HIGH",
-        help="value range of drawn integer inputs such as token ids (default 0,10)",
-    )
+    _input_options(opt)
     _tuning_options(opt)
     opt.set_defaults(run=_optimize)
+
+    explain = verbs.add_parser(
+        "explain",
+        help="measure where the time goes for a saved model, in plain words",
+        description="Diagnose why inference of a saved model is slow: first call vs steady "
+        "state, eager overhead, model.predict, retracing, arithmetic rate against this "
+        "machine's peak, threads. Inputs as for `optimize`.",
+    )
+    explain.add_argument("path", help="SavedModel directory or .keras/.h5 file")
+    _input_options(explain)
+    explain.add_argument(
+        "--batch-sizes",
+        type=_names,
+        default=("1", "2", "4", "8"),
+        metavar="A,B",
+        help="batch sizes for the retracing count (default 1,2,4,8)",
+    )
+    explain.add_argument("--backends", type=_names, metavar="A,B", help="paths to measure")
+    explain.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    explain.set_defaults(run=_explain)
 
     demo = verbs.add_parser(
         "demo",
@@ -77,6 +83,24 @@ def build_parser() -> argparse.ArgumentParser:
     )
     env.set_defaults(run=_env)
     return parser
+
+
+def _input_options(opt: argparse.ArgumentParser) -> None:
+    opt.add_argument(
+        "--sample", metavar="FILE.npz", help="real inputs: an .npz, one array per input name"
+    )
+    opt.add_argument(
+        "--input", action="append", default=[], metavar="NAME=DIMS:DTYPE",
+        help="shape and dtype of an input, e.g. x=1x28x28x1:float32 (NAME= may be left out "
+        "for a single-input model); repeat for each input",
+    )  # fmt: skip
+    opt.add_argument("--batch", type=_positive_int, default=1, help="batch size of drawn inputs")
+    opt.add_argument(
+        "--int-range",
+        default="0,10",
+        metavar="LOW,HIGH",
+        help="value range of drawn integer inputs such as token ids (default 0,10)",
+    )
 
 
 def _tuning_options(parser: argparse.ArgumentParser) -> None:
@@ -116,6 +140,22 @@ def _optimize(args: argparse.Namespace) -> int:
     source = load_model(args.path)
     sample = _sample(args, source.declared_inputs)
     return _tune_and_print(source, sample, args)
+
+
+def _explain(args: argparse.Namespace) -> int:
+    import infertune
+
+    from .models import load_model
+
+    source = load_model(args.path)
+    sample = _sample(args, source.declared_inputs)
+    try:
+        sizes = [int(size) for size in args.batch_sizes]
+    except ValueError:
+        raise infertune.InputError(f"--batch-sizes {args.batch_sizes}: expected integers") from None
+    print(infertune.explain(source, sample, batch_sizes=sizes, backends=args.backends,
+                            verbose=not args.quiet))  # fmt: skip
+    return 0
 
 
 def _demo(args: argparse.Namespace) -> int:

@@ -8,7 +8,15 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["DEMO_MODELS", "demo_model", "small_cnn", "mlp"]
+__all__ = [
+    "DEMO_MODELS",
+    "demo_model",
+    "matmul",
+    "mlp",
+    "mobilenet_v2",
+    "small_cnn",
+    "transformer_block",
+]
 
 
 def small_cnn(seed: int = 0):
@@ -39,16 +47,52 @@ def mlp(seed: int = 0):
     )
 
 
+def matmul(seed: int = 0):
+    """One 1000x1000 matrix product (Dense without bias): compute-bound at batch 1000."""
+    import keras
+
+    keras.utils.set_random_seed(seed)
+    return keras.Sequential(
+        [keras.Input((1000,)), keras.layers.Dense(1000, use_bias=False)], name="matmul"
+    )
+
+
+def mobilenet_v2(seed: int = 0):
+    """MobileNetV2 224x224, random weights (nothing to download)."""
+    import keras
+
+    keras.utils.set_random_seed(seed)
+    return keras.applications.MobileNetV2(weights=None, input_shape=(224, 224, 3))
+
+
+def transformer_block(seed: int = 0, seq: int = 128, dim: int = 128, heads: int = 4):
+    """One encoder block: MultiHeadAttention, residual + LayerNorm, MLP 4x, residual + LayerNorm."""
+    import keras
+
+    keras.utils.set_random_seed(seed)
+    x = keras.Input((seq, dim))
+    attended = keras.layers.MultiHeadAttention(heads, dim // heads)(x, x)
+    h = keras.layers.LayerNormalization()(x + attended)
+    mlp_out = keras.layers.Dense(dim)(keras.layers.Dense(4 * dim, activation="gelu")(h))
+    return keras.Model(x, keras.layers.LayerNormalization()(h + mlp_out), name="transformer_block")
+
+
+# name -> (builder, sample shape): the sample's batch size is the first dimension.
 DEMO_MODELS = {
     "small-cnn": (small_cnn, (1, 28, 28, 1)),
     "mlp": (mlp, (1000, 10)),
+    "matmul": (matmul, (1000, 1000)),
+    "mobilenet-v2": (mobilenet_v2, (1, 224, 224, 3)),
+    "transformer": (transformer_block, (1, 128, 128)),
 }
 
 
-def demo_model(name: str, seed: int = 0):
+def demo_model(name: str, seed: int = 0, batch: int | None = None):
     """A demo model and a sample batch for it: (model, sample)."""
     if name not in DEMO_MODELS:
         raise ValueError(f"Unknown demo model {name!r}; choose one of {sorted(DEMO_MODELS)}.")
     build, shape = DEMO_MODELS[name]
+    if batch is not None:
+        shape = (batch, *shape[1:])
     sample = np.random.default_rng(seed).random(shape, dtype=np.float32)
     return build(seed), sample

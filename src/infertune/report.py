@@ -7,6 +7,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from .diagnosis import Diagnosis
 from .measure import LatencyStats
 
 __all__ = ["CandidateResult", "Report", "STATUSES"]
@@ -89,6 +90,7 @@ class Report:
     selection_reason: str
     total_s: float
     notes: list[str] = field(default_factory=list)
+    diagnosis: Diagnosis | None = None
 
     def candidate(self, name: str) -> CandidateResult:
         for result in self.candidates:
@@ -112,14 +114,17 @@ class Report:
             "candidates": [c.to_dict() for c in self.candidates],
             "environment": self.environment,
             "notes": list(self.notes),
+            "diagnosis": self.diagnosis.to_dict() if self.diagnosis else None,
         }
 
     @classmethod
     def from_dict(cls, data: dict) -> Report:
         """A report read back from `to_dict()` output (for example a saved JSON file)."""
-        fields = {k: data[k] for k in cls.__dataclass_fields__ if k in data and k != "candidates"}
+        skip = ("candidates", "diagnosis")
+        fields = {k: data[k] for k in cls.__dataclass_fields__ if k in data and k not in skip}
         candidates = [CandidateResult.from_dict(c) for c in data.get("candidates", [])]
-        return cls(**fields, candidates=candidates)
+        diagnosis = Diagnosis.from_dict(data["diagnosis"]) if data.get("diagnosis") else None
+        return cls(**fields, candidates=candidates, diagnosis=diagnosis)
 
     @classmethod
     def from_json(cls, path: str | Path) -> Report:
@@ -181,6 +186,8 @@ class Report:
         for note in self.notes:
             lines.append(f"note: {note}")
         lines.append(f"optimize() took {self.total_s:.1f} s")
+        if self.diagnosis is not None:
+            lines.extend(["", str(self.diagnosis)])
         return "\n".join(lines)
 
 

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from .base import Backend, Target
 from .keras_eager import KerasEager
 from .onnxruntime import onnxruntime_cpu_variants
+from .openvino import OpenVinoCpu, OpenVinoCpuBf16
 from .tf_function import TfFunction
 from .tf_xla import TfXla
 
@@ -18,4 +19,6 @@ BACKENDS: dict[str, Callable[[], Backend]] = {
     TfFunction.name: TfFunction,
     TfXla.name: TfXla,
     **onnxruntime_cpu_variants(),
+    OpenVinoCpu.name: OpenVinoCpu,
+    OpenVinoCpuBf16.name: OpenVinoCpuBf16,
 }

@@ -1,0 +1,249 @@
+"""The benchmark suite: the "TensorFlow inference is slow" cases, infertune against by-hand code.
+
+For each case it times, in one interleaved run with infertune's measurement engine, every
+runtime called the way a user writes it by hand with default settings (by_hand.py), the
+chosen runtime called directly with infertune's chosen settings, and the callable that
+infertune.optimize() returns. It writes results.json, results.md and latency.png, and
+checks the targets (exit code 1 if one fails):
+
+* small CNN, batch 1: the callable >= 50x faster than `model(x)`; optimize() < 20 s;
+* every case: the callable within 10% (or 5 us) of calling its chosen runtime directly;
+* every case: infertune at least 0.97x as fast as the fastest exact by-hand default
+  (an exact one: relative error within rtol=1e-3 of `model(x)`);
+* at least two cases clearly faster (>= 1.1x) than the fastest exact by-hand default.
+
+    python benchmarks/run.py [--cases small-cnn-b1,mlp-b1000] [--out docs/benchmarks]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import by_hand
+import numpy as np
+
+import infertune
+from infertune.demo import demo_model
+from infertune.environment import collect_environment
+from infertune.measure import measure_interleaved, warm_up
+
+CASES = {  # case -> (demo model, batch)
+    "small-cnn-b1": ("small-cnn", 1),
+    "mlp-b1000": ("mlp", 1000),
+    "matmul-b1000": ("matmul", 1000),
+    "mobilenet-v2-b1": ("mobilenet-v2", 1),
+    "mobilenet-v2-b8": ("mobilenet-v2", 8),
+    "transformer-b1": ("transformer", 1),
+}
+EXACT_RTOL = 1e-3  # infertune's default tolerance: what "exact" means for a by-hand default
+ALWAYS_TIMED = ("model(x)", "model.predict(x)")  # the baselines people start from
+
+
+def by_hand_runners(model, sample) -> tuple[dict, dict, bytes]:
+    """Every runtime written by hand with its defaults: (runners, notes on skipped, onnx)."""
+    model_bytes = by_hand.onnx_bytes(model, sample)
+    builders = {
+        "model(x)": lambda: by_hand.keras_call(model, sample),
+        "model.predict(x)": lambda: by_hand.keras_predict(model, sample),
+        "tf.function": lambda: by_hand.tf_function(model, sample),
+        "tf.function+XLA": lambda: by_hand.tf_function(model, sample, jit_compile=True),
+        "onnxruntime": lambda: by_hand.onnxruntime_session(model_bytes, sample),
+        "openvino": lambda: by_hand.openvino_compiled(model_bytes, sample),
+        "litert": lambda: by_hand.litert_interpreter(model, sample),
+    }
+    runners, skipped = {}, {}
+    for label, build in builders.items():
+        try:
+            runners[label] = build()
+        except Exception as exc:  # a runtime missing here or failing on this model: say so
+            skipped[label] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:120]}"
+    return runners, skipped, model_bytes
+
+
+def direct_runner(opt, model_bytes: bytes, sample, runners: dict):
+    """The chosen runtime called directly, with infertune's chosen settings: (label, runner)."""
+    backend = opt._backend  # the benchmark reads the chosen settings to rebuild them by hand
+    if opt.backend.startswith("onnxruntime-cpu") and not opt.backend.endswith("int8"):
+        options = backend.settings.session_options()
+        return "direct", by_hand.onnxruntime_session(model_bytes, sample, options)
+    same = {"keras-eager": "model(x)", "tf-function": "tf.function", "tf-xla": "tf.function+XLA"}
+    if opt.backend in same and same[opt.backend] in runners:
+        return same[opt.backend], runners[same[opt.backend]]
+    flat = opt.input_signature.flatten(sample)
+    return "direct", lambda: backend.run(flat)  # the backend's own runtime call, unwrapped
+
+
+def relative_error(runner, reference: np.ndarray) -> float:
+    out = runner()
+    out = out[0] if isinstance(out, list | tuple) else out
+    out = np.asarray(out, dtype=np.float64).reshape(reference.shape)
+    return float(np.linalg.norm(out - reference) / np.linalg.norm(reference))
+
+
+def run_case(case: str, budget_s: float) -> dict:
+    name, batch = CASES[case]
+    model, sample = demo_model(name, batch=batch)
+    print(f"[bench] {case}: optimize()", file=sys.stderr, flush=True)
+    start = time.perf_counter()
+    opt = infertune.optimize(model, sample, verbose=False)
+    optimize_s = time.perf_counter() - start
+    print(f"[bench] {case}: by-hand runtimes", file=sys.stderr, flush=True)
+    runners, skipped, model_bytes = by_hand_runners(model, sample)
+    reference = np.asarray(model(sample), dtype=np.float64)
+    errors = {label: relative_error(fn, reference) for label, fn in runners.items()}
+    direct_label, direct = direct_runner(opt, model_bytes, sample, runners)
+    runners.setdefault(direct_label, direct)
+    runners["infertune"] = lambda: opt(sample)
+    print(f"[bench] {case}: measuring {len(runners)} runners", file=sys.stderr, flush=True)
+    estimates = {label: warm_up(fn, min_calls=2) for label, fn in runners.items()}
+    measured = measure_interleaved(
+        runners, budget_s=budget_s, per_call_estimate_s=estimates, min_rounds=8
+    )
+    p50 = {label: s.p50 for label, s in measured.stats.items()}
+    exact = {
+        label: p50[label]
+        for label in p50
+        if label not in ("infertune", "direct") and errors.get(label, 1.0) <= EXACT_RTOL
+    }
+    best_label = min(exact, key=exact.get)
+    ours = p50["infertune"]
+    return {
+        "case": case,
+        "model": name,
+        "batch": batch,
+        "selected": opt.backend,
+        "optimize_s": optimize_s,
+        "p50_ms": p50,
+        "rel_err": errors,
+        "skipped": skipped,
+        "stats": {label: s.to_dict() for label, s in measured.stats.items()},
+        "best_exact_by_hand": best_label,
+        "vs_best_exact_by_hand": exact[best_label] / ours,
+        "vs_model_call": p50["model(x)"] / ours,
+        "vs_predict": p50["model.predict(x)"] / ours,
+        "direct": direct_label,
+        "overhead_us": (ours - p50[direct_label]) * 1e3,
+        "overhead_ratio": ours / p50[direct_label],
+        "report": opt.report.to_dict(),
+    }
+
+
+COLUMNS = ["model(x)", "model.predict(x)", "tf.function", "tf.function+XLA", "onnxruntime",
+           "openvino", "litert", "infertune"]  # fmt: skip
+
+
+def markdown(results: list[dict]) -> str:
+    head = (
+        "| case | " + " | ".join(COLUMNS) + " | infertune chose | vs model(x) | vs best by hand |"
+    )
+    lines = [head, "|---" * (len(COLUMNS) + 4) + "|"]
+    for r in results:
+        cells = []
+        for label in COLUMNS:
+            value = r["p50_ms"].get(label)
+            cell = "-" if value is None else f"{value:.4g}"
+            if value is not None and r["rel_err"].get(label, 0.0) > EXACT_RTOL:
+                cell += f" (err {r['rel_err'][label]:.0e})"
+            cells.append(cell)
+        lines.append(
+            f"| {r['case']} | " + " | ".join(cells) + f" | {r['selected']} | "
+            f"{r['vs_model_call']:.0f}x | {r['vs_best_exact_by_hand']:.2f}x "
+            f"({r['best_exact_by_hand']}) |"
+        )
+    return "\n".join(lines)
+
+
+def check_targets(results: list[dict]) -> list[str]:
+    checks: list[tuple[bool, str]] = []
+    for r in results:
+        case, speedup, took = r["case"], r["vs_model_call"], r["optimize_s"]
+        if case == "small-cnn-b1":
+            checks.append((speedup >= 50, f"{case}: {speedup:.0f}x faster than model(x) (>= 50x)"))
+            checks.append((took < 20, f"{case}: optimize() took {took:.1f} s (< 20 s)"))
+        extra_us, extra_pct = r["overhead_us"], (r["overhead_ratio"] - 1) * 100
+        checks.append(
+            (
+                r["overhead_ratio"] <= 1.10 or extra_us <= 5.0,
+                f"{case}: callable vs {r['direct']}: {extra_us:+.2f} us ({extra_pct:+.1f}%) "
+                f"(within 10% or 5 us)",
+            )
+        )
+        ratio, best = r["vs_best_exact_by_hand"], r["best_exact_by_hand"]
+        checks.append(
+            (ratio >= 0.97, f"{case}: {ratio:.2f}x the best exact by-hand default {best} (>= 0.97)")
+        )
+    if len(results) > 2:
+        clearly = [r["case"] for r in results if r["vs_best_exact_by_hand"] >= 1.1]
+        checks.append(
+            (len(clearly) >= 2, f">= 1.1x the best exact by-hand default on {clearly} (>= 2 cases)")
+        )
+    return [f"{'PASS' if ok else 'FAIL'} {text}" for ok, text in checks]
+
+
+def plot(results: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(len(results), 1, figsize=(8, 2.2 * len(results)), squeeze=False)
+    for ax, r in zip(axes[:, 0], results):
+        labels = [c for c in COLUMNS if c in r["p50_ms"]]
+        values = [r["p50_ms"][c] for c in labels]
+        colors = ["tab:green" if c == "infertune" else "tab:gray" for c in labels]
+        ax.barh(labels, values, color=colors)
+        ax.set_xscale("log")
+        ax.invert_yaxis()
+        ax.set_title(f"{r['case']} (infertune chose {r['selected']})", fontsize=9)
+        ax.tick_params(labelsize=8)
+    axes[-1, 0].set_xlabel("median latency per call, ms (log scale)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cases", default=",".join(CASES), help="comma-separated case names")
+    parser.add_argument("--out", type=Path, default=Path("docs/benchmarks"))
+    parser.add_argument("--budget", type=float, default=15.0, help="measurement s per case")
+    args = parser.parse_args()
+    cases = [c for c in args.cases.split(",") if c]
+    unknown = [c for c in cases if c not in CASES]
+    if unknown:
+        parser.error(f"unknown cases {unknown}; known: {list(CASES)}")
+    results = [run_case(case, args.budget) for case in cases]
+    env = collect_environment()
+    cpu = env["cpu"]
+    machine = (
+        f"{cpu['model']}, {cpu['usable_cores']} cores ({', '.join(cpu['features'])}), "
+        f"{env['platform']}, Python {platform.python_version()}, "
+        + ", ".join(f"{k} {v}" for k, v in env["packages"].items() if v)
+    )
+    targets = check_targets(results)
+    text = "\n\n".join(
+        [
+            "Median ms per call (p50), all columns timed in one interleaved run per case.",
+            f"Machine: {machine}",
+            markdown(results),
+            "\n".join(targets),
+        ]
+    )
+    print(text)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "results.md").write_text(text + "\n", encoding="utf-8")
+    payload = {"environment": env, "results": results, "targets": targets}
+    (args.out / "results.json").write_text(json.dumps(payload, indent=2, default=str) + "\n")
+    plot(results, args.out / "latency.png")
+    return 0 if all(t.startswith("PASS") for t in targets) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

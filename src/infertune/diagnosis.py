@@ -1,0 +1,314 @@
+"""Where the time goes: a measured diagnosis of why inference is slow, in plain words.
+
+Every figure comes from a measurement made in this process: the optimize() run's own
+timings (first call vs steady state per path, eager vs graph), the arithmetic of one call
+counted from the TensorFlow graph, the machine's float32 rate measured on a matrix product,
+and, for `infertune.explain()`, `model.predict` timed against `model(x)` and the traces a
+plain tf.function makes over several batch sizes. What could not be measured says unknown.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .errors import one_line
+
+__all__ = ["Diagnosis", "PathRate", "Retracing", "measure_float32_ceiling", "count_flops"]
+
+# Share of the machine's float32 rate below which a path is overhead-bound, above which
+# compute-bound: under 10%, at least 90% of the time goes to something other than arithmetic.
+OVERHEAD_BOUND_BELOW = 0.10
+COMPUTE_BOUND_ABOVE = 0.50
+
+
+@dataclass
+class PathRate:
+    """One way of running the model: first call, steady state, and the arithmetic rate."""
+
+    name: str
+    first_call_ms: float | None
+    p50_ms: float | None
+    gflops: float | None = None  # achieved: arithmetic of one call / median time
+    share_of_peak: float | None = None  # gflops / the machine's measured float32 rate
+
+    @property
+    def bound(self) -> str:
+        if self.share_of_peak is None:
+            return "unknown"
+        if self.share_of_peak < OVERHEAD_BOUND_BELOW:
+            return "overhead-bound"
+        return "compute-bound" if self.share_of_peak >= COMPUTE_BOUND_ABOVE else "mixed"
+
+
+@dataclass
+class Retracing:
+    """How often a plain tf.function of the model traces over the batch sizes tried."""
+
+    batch_sizes: list[int]
+    traces_plain: int
+    trace_ms_plain: float  # first-call time summed over the batch sizes that traced
+    traces_with_signature: int
+    steady_ms: float  # a call on an already-traced shape, for scale
+
+
+@dataclass
+class Diagnosis:
+    """The measured answer to "why is my inference slow?"; str() is the plain-words version."""
+
+    model: str
+    batch_size: int | None
+    flops: int | None  # per call at the sample's batch size; None: could not be counted
+    flops_note: str
+    peak_gflops: float | None  # the machine's float32 rate, measured on a matrix product
+    paths: list[PathRate]
+    selected: str
+    threads: dict
+    cpu_features: list[str]
+    gpu: str
+    predict_ms: float | None = None
+    model_call_ms: float | None = None
+    retracing: Retracing | None = None
+    advice: list[str] = field(default_factory=list)
+
+    def path(self, name: str) -> PathRate | None:
+        return next((p for p in self.paths if p.name == name), None)
+
+    @property
+    def reference(self) -> PathRate:
+        return self.paths[0]
+
+    @property
+    def verdict(self) -> str:
+        """overhead-bound / mixed / compute-bound for the model's own call, as measured."""
+        return self.reference.bound
+
+    def to_dict(self) -> dict:
+        data = asdict(self)
+        data["verdict"] = self.verdict
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Diagnosis:
+        data = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
+        data["paths"] = [PathRate(**p) for p in data.get("paths", [])]
+        if data.get("retracing") is not None:
+            data["retracing"] = Retracing(**data["retracing"])
+        return cls(**data)
+
+    def __str__(self) -> str:
+        ref = self.reference
+        lines = [f"diagnosis: {self.model}, batch {self.batch_size}"]
+        if self.flops is not None and self.peak_gflops:
+            lines.append(
+                f"  work: {self.flops / 1e6:,.2f} MFLOP per call ({self.flops_note}); this "
+                f"machine's measured float32 rate: {self.peak_gflops:,.0f} GFLOP/s"
+            )
+        else:
+            lines.append(f"  work: unknown ({self.flops_note})")
+        for p in self.paths:
+            rate = (
+                f"{p.gflops:,.2f} GFLOP/s = {p.share_of_peak:.1%} of peak ({p.bound})"
+                if p.gflops is not None
+                else "rate unknown"
+            )
+            first = "-" if p.first_call_ms is None else f"{p.first_call_ms:,.1f} ms"
+            steady = "-" if p.p50_ms is None else f"{p.p50_ms:,.4g} ms"
+            lines.append(f"  {p.name:<26} first call {first:>10}   steady {steady:>10}   {rate}")
+        if self.model_call_ms is not None and self.predict_ms is not None:
+            lines.append(
+                f"  model.predict(x): {self.predict_ms:,.2f} ms per call vs model(x) "
+                f"{self.model_call_ms:,.3f} ms ({self.predict_ms / self.model_call_ms:,.1f}x)"
+            )
+        if self.retracing is not None:
+            r = self.retracing
+            lines.append(
+                f"  retracing: a plain tf.function traced {r.traces_plain} times over batch sizes "
+                f"{r.batch_sizes} ({r.trace_ms_plain:,.0f} ms of tracing, vs {r.steady_ms:.3f} ms "
+                f"per traced call); with a None batch dimension in input_signature: "
+                f"{r.traces_with_signature} trace"
+            )
+        lines.append(f"  threads: {_words(self.threads)}")
+        lines.append(f"  CPU features: {', '.join(self.cpu_features) or 'none detected'}")
+        lines.append(f"  GPU: {self.gpu}")
+        lines.append(f"  verdict: model(x) is {self.verdict} ({_share(ref)} of peak)")
+        for i, line in enumerate(self.advice, 1):
+            lines.append(f"  {i}. {line}")
+        return "\n".join(lines)
+
+
+def _share(path: PathRate) -> str:
+    return "unknown share" if path.share_of_peak is None else f"{path.share_of_peak:.2%}"
+
+
+def _words(values: dict) -> str:
+    return ", ".join(f"{k}={v}" for k, v in values.items())
+
+
+# -- measurements --------------------------------------------------------------------------
+_PEAK_CACHE: dict[int, float] = {}
+
+
+def measure_float32_ceiling(size: int = 1024, seconds: float = 0.15) -> float:
+    """GFLOP/s of a float32 matrix product: this machine's practical peak, measured once.
+
+    The best of numpy's BLAS and TensorFlow's kernels: numpy alone can understate the peak
+    (an OpenBLAS pinned to older kernels by OPENBLAS_CORETYPE, as on some shared machines).
+    """
+    if size not in _PEAK_CACHE:
+        import tensorflow as tf
+
+        rng = np.random.default_rng(0)
+        a = rng.random((size, size), dtype=np.float32)
+        b = rng.random((size, size), dtype=np.float32)
+        ta, tb = tf.constant(a), tf.constant(b)
+        best = min(
+            _best_time(lambda: a @ b, seconds),
+            _best_time(lambda: tf.linalg.matmul(ta, tb).numpy(), seconds),
+        )
+        _PEAK_CACHE[size] = 2 * size**3 / best / 1e9
+    return _PEAK_CACHE[size]
+
+
+def _best_time(fn, seconds: float) -> float:
+    fn()  # warm-up: thread pool start, page faults
+    best, start = float("inf"), time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def count_flops(graph_function: Any, sample: list[np.ndarray]) -> tuple[int | None, str]:
+    """Floating-point operations of one call at the sample's shapes, from the TF graph."""
+    import tensorflow as tf
+    from tensorflow.python.framework.convert_to_constants import (
+        convert_variables_to_constants_v2,
+    )
+
+    specs = [tf.TensorSpec(a.shape, tf.as_dtype(a.dtype)) for a in sample]
+    tf_logger = logging.getLogger("tensorflow")
+    level = tf_logger.level
+    tf_logger.setLevel(logging.ERROR)  # the v1 profiler warns that it is v1
+    try:
+        concrete = tf.function(graph_function).get_concrete_function(*specs)
+        frozen = convert_variables_to_constants_v2(concrete)
+        builder = tf.compat.v1.profiler.ProfileOptionBuilder
+        options = builder(builder.float_operation()).with_empty_output().build()
+        profile = tf.compat.v1.profiler.profile(
+            graph=frozen.graph, run_meta=tf.compat.v1.RunMetadata(), cmd="op", options=options
+        )
+    except Exception as exc:  # an op the profiler cannot walk: the work stays unknown
+        return None, f"TensorFlow's profiler could not count it: {one_line(exc)}"
+    finally:
+        tf_logger.setLevel(level)
+    return int(profile.total_float_ops), "counted by TensorFlow's profiler from the graph"
+
+
+def measure_retracing(
+    graph_function: Any, signature: Any, batch_sizes: list[int], rng: np.random.Generator
+) -> Retracing:
+    """Call a plain tf.function on each batch size and count its traces; then with a signature."""
+    import tensorflow as tf
+
+    plain = tf.function(graph_function)
+    tf_logger = logging.getLogger("tensorflow")
+    level = tf_logger.level
+    tf_logger.setLevel(logging.ERROR)  # TensorFlow warns about the retracing we provoke
+    try:
+        return _count_traces(plain, graph_function, signature, batch_sizes, rng)
+    finally:
+        tf_logger.setLevel(level)
+
+
+def _count_traces(plain, graph_function, signature, batch_sizes, rng) -> Retracing:
+    import tensorflow as tf
+
+    from .models import tensor_specs
+
+    trace_ms = 0.0
+    for batch in batch_sizes:
+        inputs = signature.random_inputs(rng, batch)
+        before = plain.experimental_get_tracing_count()
+        t0 = time.perf_counter()
+        plain(*inputs)
+        if plain.experimental_get_tracing_count() > before:
+            trace_ms += (time.perf_counter() - t0) * 1e3
+    inputs = signature.random_inputs(rng, batch_sizes[-1])
+    steady_ms = _best_time(lambda: plain(*inputs), seconds=0.05) * 1e3
+    with_signature = tf.function(graph_function, input_signature=tensor_specs(signature))
+    for batch in batch_sizes:
+        with_signature(*signature.random_inputs(rng, batch))
+    return Retracing(
+        batch_sizes=list(batch_sizes),
+        traces_plain=plain.experimental_get_tracing_count(),
+        trace_ms_plain=trace_ms,
+        traces_with_signature=with_signature.experimental_get_tracing_count(),
+        steady_ms=steady_ms,
+    )
+
+
+def rate_of(name: str, first_ms, p50_ms, flops, peak_gflops) -> PathRate:
+    if flops is None or not p50_ms or not peak_gflops:
+        return PathRate(name, first_ms, p50_ms)
+    gflops = flops / (p50_ms / 1e3) / 1e9
+    return PathRate(name, first_ms, p50_ms, gflops, gflops / peak_gflops)
+
+
+def advise(diagnosis: Diagnosis) -> list[str]:
+    """The changes that would help most, each with the gain measured here, largest first."""
+    ref = diagnosis.reference
+    tips: list[tuple[float, str]] = []
+    best = diagnosis.path(diagnosis.selected)
+    if best is not None and best is not ref and ref.p50_ms and best.p50_ms:
+        gain = ref.p50_ms / best.p50_ms
+        tips.append(
+            (
+                gain,
+                f"Run it with {best.name} (what infertune.optimize() returns): "
+                f"{ref.p50_ms:.4g} -> {best.p50_ms:.4g} ms per call, {gain:.1f}x.",
+            )
+        )
+    graph = diagnosis.path("tf-function")
+    if graph is not None and graph is not best and ref.p50_ms and graph.p50_ms:
+        gain = ref.p50_ms / graph.p50_ms
+        if gain > 1.2:
+            tips.append(
+                (
+                    gain,
+                    f"Staying in TensorFlow, wrap the model in tf.function with an "
+                    f"input_signature: {ref.p50_ms:.4g} -> {graph.p50_ms:.4g} ms, {gain:.1f}x "
+                    f"(eager per-op overhead is {ref.p50_ms - graph.p50_ms:.3g} ms per call).",
+                )
+            )
+    if diagnosis.predict_ms and diagnosis.model_call_ms:
+        gain = diagnosis.predict_ms / diagnosis.model_call_ms
+        if gain > 1.5:
+            tips.append(
+                (
+                    gain,
+                    f"Do not use model.predict(x) for single batches: "
+                    f"{diagnosis.predict_ms:.3g} ms vs {diagnosis.model_call_ms:.3g} ms for "
+                    f"model(x), {gain:.0f}x (predict builds a data pipeline and a step "
+                    f"function on every call).",
+                )
+            )
+    r = diagnosis.retracing
+    if r is not None and r.traces_plain > r.traces_with_signature and r.steady_ms > 0:
+        per_trace = r.trace_ms_plain / r.traces_plain
+        tips.append(
+            (
+                per_trace / r.steady_ms,  # how much slower a call on a new batch size is
+                f"A plain tf.function traced {r.traces_plain} times for {len(r.batch_sizes)} "
+                f"batch sizes, {per_trace:,.0f} ms each ({per_trace / r.steady_ms:.0f}x a traced "
+                f"call): give it an input_signature with a None batch dimension (1 trace), or "
+                f"reduce_retracing=True.",
+            )
+        )
+    tips.sort(key=lambda t: -t[0])
+    return [text for _, text in tips[:3]]

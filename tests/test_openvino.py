@@ -1,0 +1,207 @@
+"""OpenVINO CPU candidates: exact f32 despite the bf16 default, any batch size, bf16 by choice."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+
+import numpy as np
+import pytest
+from conftest import assert_matches_model, dense_model, dict_model, dict_sample
+
+import infertune
+from infertune.backends import openvino as openvino_backend
+from infertune.backends.openvino import OpenVinoCpu, OpenVinoCpuBf16
+from infertune.inputs import build_signature
+from infertune.models import load_model
+from infertune.target import Target
+
+needs_openvino = pytest.mark.skipif(
+    importlib.util.find_spec("openvino") is None, reason="openvino is not installed"
+)
+
+# An fp32 run differs from TensorFlow's only in summation order: a few float32 ulps (1.2e-7
+# each) on these tiny models. 1e-5 leaves ~100x headroom and is ~400x below bf16's error.
+FP32_RTOL = 1e-5
+FP32_ATOL = 1e-6  # outputs are of order 1: ~10 float32 ulps of absolute slack near zero
+
+
+def conv_model(seed: int = 0):
+    import keras
+
+    keras.utils.set_random_seed(seed)
+    return keras.Sequential(
+        [
+            keras.Input((8, 8, 3)),
+            keras.layers.Conv2D(4, 3, activation="relu"),
+            keras.layers.GlobalAveragePooling2D(),
+            keras.layers.Dense(2),
+        ]
+    )
+
+
+def prepared(model, sample, backend: OpenVinoCpu, objective: str = "latency") -> OpenVinoCpu:
+    """The backend prepared on the Target that optimize() would build, outside the pipeline."""
+    source = load_model(model)
+    signature, flat = build_signature(sample, source.declared_inputs, source.default_float)
+    reference, structure = source.call_flat(signature, flat)
+    backend.prepare(Target(source, signature, structure, [r.dtype for r in reference], objective))
+    return backend
+
+
+@needs_openvino
+@pytest.mark.parametrize(
+    ("make_model", "shape"), [(dense_model, (4, 6)), (conv_model, (4, 8, 8, 3))]
+)
+def test_fp32_candidate_is_verified(make_model, shape):
+    sample = np.random.default_rng(0).standard_normal(shape).astype("float32")
+    opt = infertune.optimize(make_model(), sample, backends=[OpenVinoCpu()], verbose=False)
+    result = opt.report.candidate("openvino-cpu")
+    assert result.status in ("ok", "selected"), opt.report
+    assert result.precision == "fp32"
+    assert result.max_rel_err < FP32_RTOL  # f32 really pinned: bf16 here would give ~4e-3
+
+
+@needs_openvino
+@pytest.mark.parametrize(("make_model", "shape"), [(dense_model, (6,)), (conv_model, (8, 8, 3))])
+def test_any_batch_size_matches_the_model(make_model, shape):
+    model = make_model()
+    rng = np.random.default_rng(1)
+    sample = rng.standard_normal((4, *shape)).astype("float32")
+    backend = prepared(model, sample, OpenVinoCpu())
+    try:
+        for batch in (4, 1, 9):  # the sample's batch size and two others, one compiled model
+            x = rng.standard_normal((batch, *shape)).astype("float32")
+            (out,) = backend.run([x])
+            assert out.dtype == np.float32
+            assert_matches_model(model(x), out, rtol=FP32_RTOL, atol=FP32_ATOL)
+    finally:
+        backend.close()
+
+
+@needs_openvino
+def test_outputs_are_copies_the_next_call_does_not_overwrite():
+    model = dense_model()
+    rng = np.random.default_rng(2)
+    x1, x2 = (rng.standard_normal((4, 6)).astype("float32") for _ in range(2))
+    backend = prepared(model, x1, OpenVinoCpu())
+    (first,) = backend.run([x1])
+    kept = first.copy()
+    (second,) = backend.run([x2])
+    np.testing.assert_array_equal(first, kept)
+    assert not np.shares_memory(first, second)
+    assert first.flags.owndata and first.flags.writeable
+    backend.close()
+
+
+@needs_openvino
+def test_non_contiguous_input():
+    model = dense_model()
+    wide = np.random.default_rng(3).standard_normal((4, 12)).astype("float32")
+    x = wide[:, ::2]  # a strided view: OpenVINO shares only C-contiguous memory
+    backend = prepared(model, np.ascontiguousarray(x), OpenVinoCpu())
+    assert_matches_model(model(np.ascontiguousarray(x)), backend.run([x])[0], FP32_RTOL, FP32_ATOL)
+    backend.close()
+
+
+@needs_openvino
+def test_outputs_follow_the_export_order_with_two_inputs_and_outputs():
+    # Two inputs (float and int32) and two outputs of different shapes, (4, 1) and (4, 3):
+    # a wrong mapping of ports shows as a shape mismatch, not just a small error.
+    model = dict_model()
+    sample = dict_sample(np.random.default_rng(0))
+    opt = infertune.optimize(model, sample, backends=[OpenVinoCpu()], verbose=False)
+    result = opt.report.candidate("openvino-cpu")
+    assert result.status in ("ok", "selected"), opt.report
+    assert result.max_rel_err < FP32_RTOL
+
+
+@needs_openvino
+def test_throughput_hint_is_a_candidate_of_its_own():
+    sample = np.random.default_rng(0).standard_normal((4, 6)).astype("float32")
+    backends = [OpenVinoCpu(), OpenVinoCpu(performance_hint="THROUGHPUT")]
+    assert backends[1].name == "openvino-cpu:throughput"
+    opt = infertune.optimize(dense_model(), sample, backends=backends, verbose=False)
+    for name in ("openvino-cpu", "openvino-cpu:throughput"):
+        assert opt.report.candidate(name).status in ("ok", "selected"), opt.report
+    with pytest.raises(ValueError, match="performance_hint"):
+        OpenVinoCpu(performance_hint="FAST")
+
+
+@needs_openvino
+def test_performance_hint_follows_the_objective():
+    import openvino.properties.hint as hints
+
+    sample = np.random.default_rng(0).standard_normal((4, 6)).astype("float32")
+    for objective, mode in (("latency", "LATENCY"), ("throughput", "THROUGHPUT")):
+        backend = prepared(dense_model(), sample, OpenVinoCpu(), objective)
+        assert backend.name == "openvino-cpu"
+        assert str(backend._compiled.get_property(hints.performance_mode)) == mode
+
+
+@needs_openvino
+def test_bf16_follows_the_tolerance():
+    reason = OpenVinoCpuBf16().available()
+    if reason is not None:
+        pytest.skip(reason)
+    model = dense_model()
+    sample = np.random.default_rng(0).standard_normal((4, 6)).astype("float32")
+    allowed = ("fp32", "bf16")
+
+    # bf16 keeps 8 significant bits (2**-8 = 3.9e-3 relative per rounding): far outside 1e-6.
+    tight = infertune.optimize(
+        model, sample, backends=[OpenVinoCpuBf16()], precision=allowed, rtol=1e-6,
+        verbose=False,
+    )  # fmt: skip
+    bad = tight.report.candidate("openvino-cpu-bf16")
+    assert bad.status == "mismatch", tight.report
+    assert bad.precision == "bf16" and bad.max_rel_err > 1e-6
+
+    # A few bf16 roundings through two layers give ~5e-3 relative; 5e-2 leaves 10x headroom.
+    # atol too: an output near zero still carries the bf16 error of its O(1) inputs.
+    loose = infertune.optimize(
+        model, sample, backends=[OpenVinoCpuBf16()], precision=allowed, rtol=5e-2, atol=5e-2,
+        verbose=False,
+    )  # fmt: skip
+    good = loose.report.candidate("openvino-cpu-bf16")
+    assert good.status in ("ok", "selected"), loose.report
+    assert 0 < good.max_rel_err < 5e-2
+
+
+def test_bf16_is_filtered_out_unless_allowed():
+    sample = np.random.default_rng(0).standard_normal((4, 6)).astype("float32")
+    opt = infertune.optimize(dense_model(), sample, backends=[OpenVinoCpuBf16()], verbose=False)
+    assert opt.report.candidate("openvino-cpu-bf16").status == "skipped"
+
+
+@needs_openvino
+def test_bf16_unavailable_on_a_cpu_without_bf16(monkeypatch):
+    class CpuWithoutBf16:
+        """Stands for OpenVINO on a CPU without bf16 units (no avx512_bf16, no AMX)."""
+
+        def get_property(self, device: str, name: str) -> list[str]:
+            assert (device, name) == ("CPU", "OPTIMIZATION_CAPABILITIES")
+            return ["WINOGRAD", "FP32", "INT8", "BIN", "EXPORT_IMPORT"]
+
+    monkeypatch.setattr(openvino_backend, "_core", CpuWithoutBf16)
+    reason = OpenVinoCpuBf16().available()
+    assert reason is not None and "no bf16 support" in reason
+
+
+def test_unavailable_without_openvino(monkeypatch):
+    # The fake stands for a machine without openvino: with None in sys.modules, `import
+    # openvino` raises ImportError and importlib.util.find_spec("openvino") returns None.
+    monkeypatch.setitem(sys.modules, "openvino", None)
+    for backend in (OpenVinoCpu(), OpenVinoCpuBf16()):
+        reason = backend.available()
+        assert reason is not None and "pip install 'infertune[openvino]'" in reason
+
+    model = dense_model()
+    sample = np.random.default_rng(0).standard_normal((4, 6)).astype("float32")
+    opt = infertune.optimize(model, sample, backends=[OpenVinoCpu()], verbose=False)
+    result = opt.report.candidate("openvino-cpu")
+    assert result.status == "unavailable"
+    assert "pip install 'infertune[openvino]'" in result.reason
+    assert opt.backend != "openvino-cpu"
+    x = np.random.default_rng(4).standard_normal((3, 6)).astype("float32")
+    assert_matches_model(model(x), opt(x), rtol=FP32_RTOL, atol=FP32_ATOL)
