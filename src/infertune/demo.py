@@ -58,11 +58,18 @@ def matmul(seed: int = 0):
 
 
 def mobilenet_v2(seed: int = 0):
-    """MobileNetV2 224x224, random weights (nothing to download)."""
+    """MobileNetV2 224x224, random weights (nothing to download), logits out.
+
+    No final softmax: with random weights the logits are tiny (about 1e-13) and a softmax of
+    them is uniform to float precision, which any output would match. The logits themselves
+    are verified scale-aware, so a wrong candidate cannot hide.
+    """
     import keras
 
     keras.utils.set_random_seed(seed)
-    return keras.applications.MobileNetV2(weights=None, input_shape=(224, 224, 3))
+    return keras.applications.MobileNetV2(
+        weights=None, input_shape=(224, 224, 3), classifier_activation=None
+    )
 
 
 def transformer_block(seed: int = 0, seq: int = 128, dim: int = 128, heads: int = 4):

@@ -39,6 +39,8 @@ def _convert(target: Target) -> OnnxExport:
     import tensorflow as tf
     import tf2onnx
 
+    from . import tf2onnx_ops  # noqa: F401  (registers the conversions tf2onnx lacks)
+
     logging.getLogger("tf2onnx").setLevel(logging.ERROR)  # its INFO lines drown progress
     start = time.perf_counter()
     specs = tensor_specs(target.signature)
