@@ -6,6 +6,7 @@ from collections.abc import Callable
 
 from .base import Backend, Target
 from .keras_eager import KerasEager
+from .litert import LiteRT
 from .onnxruntime import onnxruntime_cpu_variants
 from .openvino import OpenVinoCpu, OpenVinoCpuBf16
 from .tf_function import TfFunction
@@ -21,4 +22,5 @@ BACKENDS: dict[str, Callable[[], Backend]] = {
     **onnxruntime_cpu_variants(),
     OpenVinoCpu.name: OpenVinoCpu,
     OpenVinoCpuBf16.name: OpenVinoCpuBf16,
+    LiteRT.name: LiteRT,
 }
