@@ -78,6 +78,16 @@ class InputSignature:
             for spec in self.specs
         ]
         self._single = structure.kind == "leaf"
+        # The common case checked in one comparison: one input, free batch, fixed features.
+        first = self.specs[0]
+        self._fast = (
+            (first.dtype, first.shape[1:])
+            if self._single
+            and first.shape
+            and first.shape[0] is None
+            and None not in first.shape[1:]
+            else None
+        )
 
     @property
     def names(self) -> list[str]:
@@ -101,6 +111,8 @@ class InputSignature:
     def flatten(self, x: Any) -> list[np.ndarray]:
         """Check a call's input against the signature and return it as a flat list of arrays."""
         if self._single:
+            if self.fits_fast(x):
+                return [x]
             if isinstance(x, list | tuple | dict):
                 raise InputError(
                     f"The model takes a single array. Received a {type(x).__name__}. "
@@ -130,6 +142,17 @@ class InputSignature:
                     f"{batch}, '{spec.name}' has {array.shape[0]}."
                 )
         return arrays
+
+    def fits_fast(self, x: Any) -> bool:
+        """True when `x` is a numpy array that needs no check beyond this one comparison."""
+        fast = self._fast
+        return (
+            fast is not None
+            and type(x) is np.ndarray
+            and x.dtype is fast[0]
+            and x.ndim == len(fast[1]) + 1
+            and x.shape[1:] == fast[1]
+        )
 
     def _check(self, i: int, value: Any) -> np.ndarray:
         spec = self.specs[i]

@@ -3,7 +3,9 @@
 Every function timed here must return its result on the host (numpy arrays): backends copy
 outputs to host memory inside their call, so no asynchronous device work escapes the clock.
 Candidates are timed in interleaved rounds (A B C A B C ...), so that the drift of a shared
-machine hits all of them alike; a round gives each candidate a block of about `block_s`.
+machine hits all of them alike; a round gives each candidate a block of about `block_s`,
+opened by one untimed call: the switch from another runtime (whose threads may still spin
+on the cores) is charged to no one, as it never happens in production.
 Measurement stops when every candidate's last three round medians agree within
 `stable_rel`, or when the budget runs out; the statistics say how many calls they rest on.
 """
@@ -191,11 +193,14 @@ def measure_interleaved(
 
 
 def _time_block(fn: Callable[[], Any], calls: int) -> list[float]:
+    """Time `calls` calls, after one untimed call that absorbs the switch from the previous
+    candidate (its runtime's threads still spinning on the cores, caches full of its data)."""
     times = []
     clock = time.perf_counter
     gc_was_enabled = gc.isenabled()
     gc.disable()  # a collection inside a timed call is noise that belongs to no candidate
     try:
+        fn()
         for _ in range(calls):
             t0 = clock()
             fn()

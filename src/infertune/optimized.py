@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from .backends.base import Backend
@@ -23,15 +24,13 @@ class Optimized:
         self, backend: Backend, signature: InputSignature, outputs: Structure, report: Report
     ):
         self._backend = backend
-        self._run = backend.run
-        self._flatten = signature.flatten
-        self._pack = outputs.packer()
         self.input_signature = signature
         self.output_structure = outputs
         self.report = report
+        self._call = _calling(backend.run, signature, outputs)
 
     def __call__(self, x: Any) -> Any:
-        return self._pack(self._run(self._flatten(x)))
+        return self._call(x)
 
     @property
     def backend(self) -> str:
@@ -44,3 +43,19 @@ class Optimized:
 
     def __repr__(self) -> str:
         return f"<Optimized backend={self.backend!r} inputs=[{self.input_signature.describe()}]>"
+
+
+def _calling(run: Callable, signature: InputSignature, outputs: Structure) -> Callable:
+    """The call path: check and flatten the input, run, rebuild the output structure.
+
+    One array in and one out (most models) takes a path that costs one comparison over
+    calling the runtime: on a 10-microsecond model, each Python call here is 1-2%.
+    """
+    flatten, pack, fits_fast = signature.flatten, outputs.packer(), signature.fits_fast
+    if outputs.kind == "leaf":
+
+        def call_one(x: Any) -> Any:
+            return run([x] if fits_fast(x) else flatten(x))[0]
+
+        return call_one
+    return lambda x: pack(run(flatten(x)))
