@@ -31,6 +31,7 @@ import by_hand
 import numpy as np
 
 import infertune
+from infertune.backends.onnxruntime import OnnxRuntimeCpu
 from infertune.demo import demo_model
 from infertune.environment import collect_environment
 from infertune.measure import measure_interleaved, warm_up
@@ -104,8 +105,18 @@ def run_case(case: str, budget_s: float) -> dict:
     runners["infertune"] = lambda: opt(sample)
     print(f"[bench] {case}: measuring {len(runners)} runners", file=sys.stderr, flush=True)
     estimates = {label: warm_up(fn, min_calls=2) for label, fn in runners.items()}
+    # ONNX Runtime's spinning workers keep a core busy after each call (see OrtSettings):
+    # wait it out after their blocks, as infertune's own measurement does.
+    ort_cooldown = OnnxRuntimeCpu().cooldown_s
+    cooldown = {"onnxruntime": ort_cooldown, "infertune": opt._backend.cooldown_s}
+    if direct_label == "direct":
+        cooldown["direct"] = opt._backend.cooldown_s
     measured = measure_interleaved(
-        runners, budget_s=budget_s, per_call_estimate_s=estimates, min_rounds=8
+        runners,
+        budget_s=budget_s,
+        per_call_estimate_s=estimates,
+        cooldown_s=cooldown,
+        min_rounds=8,
     )
     p50 = {label: s.p50 for label, s in measured.stats.items()}
     exact = {

@@ -46,3 +46,23 @@ def test_warm_up_and_first_call():
     value, seconds = time_once(lambda: 42)
     assert value == 42 and seconds >= 0
     assert warm_up(_busy(0.001), min_s=0.02) == pytest.approx(0.001, rel=1.0)
+
+
+def test_cooldown_keeps_a_spinning_runtime_out_of_the_next_block():
+    """After a runner with a cooldown, the next block starts only once the cooldown passed."""
+    log: list[tuple[str, float, float]] = []
+
+    def recording(name, seconds):
+        run = _busy(seconds)
+
+        def call():
+            start = time.perf_counter()
+            run()
+            log.append((name, start, time.perf_counter()))
+
+        return call
+
+    runners = {"spinner": recording("spinner", 0.0005), "next": recording("next", 0.0005)}
+    measure_interleaved(runners, budget_s=0.3, block_s=0.005, cooldown_s={"spinner": 0.03})
+    gaps = [b[1] - a[2] for a, b in zip(log, log[1:]) if a[0] == "spinner" and b[0] == "next"]
+    assert gaps and min(gaps) >= 0.03

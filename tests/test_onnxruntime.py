@@ -70,3 +70,15 @@ def test_gelu_converts_through_the_erfc_handler():
     result = opt.report.candidate("onnxruntime-cpu")
     # erfc as 1 - erf in float32: round-off near 1e-7, far inside rtol=1e-3.
     assert result.status in ("ok", "selected") and result.max_rel_err < 1e-5, str(opt.report)
+
+
+def test_spinning_sessions_declare_a_cooldown_and_nospin_is_a_variant():
+    from infertune.backends.onnxruntime import OnnxRuntimeCpu
+
+    assert "onnxruntime-cpu:nospin" in onnxruntime_cpu_variants()
+    nospin = OrtSettings(allow_spinning=False)
+    options = nospin.session_options()
+    assert options.get_session_config_entry("session.intra_op.allow_spinning") == "0"
+    assert OnnxRuntimeCpu(nospin).cooldown_s == 0
+    assert OnnxRuntimeCpu(OrtSettings(intra_op_threads=1)).cooldown_s == 0  # no workers
+    assert OnnxRuntimeCpu().cooldown_s > 0

@@ -401,6 +401,7 @@ def _measure(
         runners,
         budget_s=budget_s,
         per_call_estimate_s=estimates,
+        cooldown_s={name: backend.cooldown_s for name, backend in contenders.items()},
         on_round=lambda n, t: progress.stage(
             f"measuring: round {n}, {t:.1f} of {budget_s:.1f} s", log=False
         ),

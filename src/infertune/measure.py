@@ -144,13 +144,16 @@ def measure_interleaved(
     max_rounds: int = 500,
     stable_rel: float = 0.05,
     per_call_estimate_s: dict[str, float] | None = None,
+    cooldown_s: dict[str, float] | None = None,
     on_round: Callable[[int, float], None] | None = None,
 ) -> MeasureResult:
     """Time every runner in interleaved rounds until all are stable or the budget is spent.
 
     `per_call_estimate_s` (from warm-up) sets how many calls make one block; the first
-    block of a runner whose estimate is missing is a single call.
+    block of a runner whose estimate is missing is a single call. `cooldown_s` is how long
+    to wait after a runner's block (its threads spinning on the cores) before the next one.
     """
+    cooldown = cooldown_s or {}
     start = time.perf_counter()
     estimate = dict(per_call_estimate_s or {})
     samples: dict[str, list[float]] = {name: [] for name in runners}
@@ -169,6 +172,8 @@ def measure_interleaved(
             except Exception as exc:  # a runtime failing mid-measurement is reported, not raised
                 errors[name] = one_line(exc)
                 continue
+            if cooldown.get(name):
+                time.sleep(cooldown[name])
             samples[name].extend(block)
             medians[name].append(float(np.median(block)))
             means[name].append(float(np.mean(block)))

@@ -31,6 +31,10 @@ class Backend(ABC):
     name: ClassVar[str]
     precision: ClassVar[str] = "fp32"
     requires: ClassVar[str | None] = None
+    # Seconds its runtime keeps cores busy after a call returns (threads spinning for more
+    # work). The measurement waits that long before timing another candidate, which would
+    # otherwise run on fewer cores than it has in production.
+    cooldown_s: float = 0.0
 
     def available(self) -> str | None:
         """None if this backend can run here, else a one-line reason why not."""
