@@ -6,7 +6,6 @@ the host, so it can be timed next to infertune's callable in the same interleave
 
 from __future__ import annotations
 
-import os
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -65,13 +64,14 @@ def openvino_compiled(model_bytes: bytes, sample) -> Runner:
 
 
 def litert_interpreter(model, sample) -> Runner:
-    """TFLite conversion at the sample's shape and ai-edge-litert's interpreter (XNNPACK)."""
+    """TFLite conversion at the sample's shape and ai-edge-litert's interpreter (XNNPACK),
+    with its default thread count (one)."""
     from ai_edge_litert.interpreter import Interpreter
 
     fn = tf.function(lambda x: model(x))
     concrete = fn.get_concrete_function(tf.TensorSpec(sample.shape, tf.as_dtype(sample.dtype)))
     converter = tf.lite.TFLiteConverter.from_concrete_functions([concrete], fn)
-    interpreter = Interpreter(model_content=converter.convert(), num_threads=os.cpu_count())
+    interpreter = Interpreter(model_content=converter.convert())
     interpreter.allocate_tensors()
     input_index = interpreter.get_input_details()[0]["index"]
     output_index = interpreter.get_output_details()[0]["index"]

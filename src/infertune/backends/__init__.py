@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 from .base import Backend, Target
 from .keras_eager import KerasEager
-from .litert import LiteRT
+from .litert import litert_variants
 from .onnxruntime import onnxruntime_cpu_variants
 from .openvino import OpenVinoCpu, OpenVinoCpuBf16
 from .tf_function import TfFunction
@@ -22,5 +22,5 @@ BACKENDS: dict[str, Callable[[], Backend]] = {
     **onnxruntime_cpu_variants(),
     OpenVinoCpu.name: OpenVinoCpu,
     OpenVinoCpuBf16.name: OpenVinoCpuBf16,
-    LiteRT.name: LiteRT,
+    **litert_variants(),
 }
