@@ -80,7 +80,7 @@ class InputSignature:
         self._single = structure.kind == "leaf"
         # The common case checked in one comparison: one input, free batch, fixed features.
         first = self.specs[0]
-        self._fast = (
+        self.fast_check = (
             (first.dtype, first.shape[1:])
             if self._single
             and first.shape
@@ -145,7 +145,7 @@ class InputSignature:
 
     def fits_fast(self, x: Any) -> bool:
         """True when `x` is a numpy array that needs no check beyond this one comparison."""
-        fast = self._fast
+        fast = self.fast_check
         return (
             fast is not None
             and type(x) is np.ndarray

@@ -63,6 +63,7 @@ class LiteRT(Backend):
                 f"{len(target.output_dtypes)}"
             )
         self._shapes: list[tuple[int, ...]] = []
+        self._shape0: tuple[int, ...] | None = None
         self._lock = threading.Lock()  # an Interpreter runs one call at a time
         if len(self._inputs) == 1 and len(self._outputs) == 1:
             self.run = self._run_one  # a tiny model's call is ~10 us: skip the loops
@@ -83,7 +84,7 @@ class LiteRT(Backend):
         array = inputs[0]
         interpreter = self._interpreter
         with self._lock:
-            if [array.shape] != self._shapes:
+            if array.shape != self._shape0:
                 self._resize([array.shape])
             interpreter.set_tensor(self._inputs[0], array)
             interpreter.invoke()
@@ -95,6 +96,7 @@ class LiteRT(Backend):
             self._interpreter.resize_tensor_input(index, shape, strict=True)
         self._interpreter.allocate_tensors()
         self._shapes = list(shapes)
+        self._shape0 = self._shapes[0]
 
     def close(self) -> None:
         self._interpreter = None
