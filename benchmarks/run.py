@@ -210,7 +210,10 @@ def plot(results: list[dict], path: Path) -> None:
         labels = [c for c in COLUMNS if c in r["p50_ms"]]
         values = [r["p50_ms"][c] for c in labels]
         colors = ["tab:green" if c == "infertune" else "tab:gray" for c in labels]
-        ax.barh(labels, values, color=colors)
+        inexact = {c: r["rel_err"].get(c, 0.0) > EXACT_RTOL for c in labels}
+        names = [f"{c} (inexact)" if inexact[c] else c for c in labels]
+        colors = ["tab:olive" if inexact[c] else color for c, color in zip(labels, colors)]
+        ax.barh(names, values, color=colors)
         ax.set_xscale("log")
         ax.invert_yaxis()
         ax.set_title(f"{r['case']} (infertune chose {r['selected']})", fontsize=9)
