@@ -10,8 +10,8 @@ import pytest
 from conftest import assert_matches_model, dense_model, dict_model, dict_sample
 
 import infertune
-from infertune.backends.litert import LiteRT
-from infertune.inputs import build_signature
+from infertune.backends.litert import LiteRT, _input_order, _output_order
+from infertune.inputs import InputSignature, build_signature
 from infertune.models import load_model
 from infertune.target import Target
 
@@ -19,8 +19,12 @@ needs_litert = pytest.mark.skipif(
     importlib.util.find_spec("ai_edge_litert") is None, reason="ai-edge-litert not installed"
 )
 # XNNPACK's float32 kernels sum in another order than TensorFlow's: round-off near 1e-7
-# relative on outputs of order 1; 1e-5 is far below any conversion error.
+# relative on outputs of order 1. 1e-5 leaves 100x room for that and is still 100x below
+# optimize()'s rtol=1e-3, so a wrong conversion or a swapped output cannot hide under it.
 FP32_RTOL = 1e-5
+# Outputs near zero (a ReLU/tanh network's) have no meaningful relative error: 1e-6 absolute
+# is ten float32 ulps at magnitude 1, still far below any real conversion error.
+FP32_ATOL = 1e-6
 
 
 def conv_model():
@@ -37,7 +41,7 @@ def conv_model():
     )
 
 
-def prepared(model, sample) -> LiteRT:
+def prepared(model, sample) -> tuple[LiteRT, InputSignature]:
     """The backend prepared on the Target that optimize() builds, outside the pipeline."""
     source = load_model(model)
     signature, flat = build_signature(sample, source.declared_inputs, source.default_float)
@@ -50,51 +54,141 @@ def prepared(model, sample) -> LiteRT:
 @needs_litert
 @pytest.mark.parametrize("make_model, shape", [(dense_model, (4, 6)), (conv_model, (4, 12, 12, 3))])
 def test_litert_is_verified(make_model, shape):
-    sample = np.random.default_rng(0).random(shape, dtype=np.float32)
-    opt = infertune.optimize(make_model(), sample, backends=["litert"], verbose=False)
+    sample = np.random.default_rng(0).standard_normal(shape).astype("float32")
+    opt = infertune.optimize(make_model(), sample, backends=[LiteRT()], verbose=False)
     result = opt.report.candidate("litert")
     assert result.status in ("ok", "selected"), str(opt.report)
     assert result.max_rel_err < FP32_RTOL
 
 
 @needs_litert
-def test_two_inputs_and_dict_outputs_map_by_name():
-    # Outputs of different shapes (3 and 1 wide): a swapped order would fail on shape.
+def test_two_inputs_and_dict_outputs_are_verified():
+    # float features and int32 token ids in; outputs of different widths (probs 3, score 1)
+    # out, so a swapped output order would fail verification on shape.
     model = dict_model()
-    opt = infertune.optimize(
-        model, dict_sample(np.random.default_rng(0)), backends=["litert"], verbose=False
-    )
-    assert opt.report.candidate("litert").status in ("ok", "selected"), str(opt.report)
+    sample = dict_sample(np.random.default_rng(0))
+    opt = infertune.optimize(model, sample, backends=[LiteRT()], verbose=False)
+    result = opt.report.candidate("litert")
+    assert result.status in ("ok", "selected"), str(opt.report)
+    assert result.max_rel_err < FP32_RTOL
+    assert_matches_model(model(sample), opt(sample), rtol=FP32_RTOL, atol=FP32_ATOL)
+
+
+def _dense_input(batch: int) -> np.ndarray:
+    return np.random.default_rng(batch).standard_normal((batch, 6)).astype("float32")
+
+
+def _dense_expected(model, x: np.ndarray) -> list:
+    return [model(x)]
+
+
+def _dict_expected(model, x: dict) -> list:
+    expected = model(x)
+    return [expected["probs"], expected["score"]]  # flat order: dict keys sorted
 
 
 @needs_litert
-def test_any_batch_size_resizes_once():
-    model = dict_model()
-    backend, signature = prepared(model, dict_sample(np.random.default_rng(0), batch=4))
-    for batch in (4, 1, 9, 9):  # the sample's size, two others, and a repeat
-        x = dict_sample(np.random.default_rng(batch), batch=batch)
-        flat = signature.flatten(x)  # inputs in signature order: features, tokens
-        got = backend.run(flat)  # outputs in flat order: dict keys sorted, probs then score
-        expected = model(x)
-        assert_matches_model([expected["probs"], expected["score"]], got, rtol=FP32_RTOL)
-        assert backend._shapes == [a.shape for a in flat]
+@pytest.mark.parametrize(
+    "make_model, make_input, expected",
+    [
+        (dense_model, _dense_input, _dense_expected),  # one input, one output: run's fast path
+        (
+            dict_model,
+            lambda batch: dict_sample(np.random.default_rng(batch), batch),
+            _dict_expected,
+        ),
+    ],
+)
+def test_any_batch_size_resizes_only_when_it_changes(make_model, make_input, expected):
+    model = make_model()
+    backend, signature = prepared(model, make_input(4))
+    resizes = []
+    interpreter = backend._interpreter
+    resize = interpreter.resize_tensor_input
+
+    def counting_resize(index, shape, strict=False):
+        resizes.append(tuple(shape))
+        return resize(index, shape, strict=strict)
+
+    interpreter.resize_tensor_input = counting_resize
+    calls_per_batch = {}
+    for batch in (4, 1, 9, 9, 9):  # the sample's size, two others, then the steady state
+        x = make_input(batch)
+        flat = signature.flatten(x)  # inputs in signature order
+        before = len(resizes)
+        got = backend.run(flat)
+        calls_per_batch[batch] = calls_per_batch.get(batch, 0) + len(resizes) - before
+        assert_matches_model(expected(model, x), got, rtol=FP32_RTOL, atol=FP32_ATOL)
+    inputs = len(signature.specs)
+    # The first call resizes from the converted batch of 1 (one resize per input), each new
+    # size resizes once, and the repeated size never does.
+    assert calls_per_batch == {4: inputs, 1: inputs, 9: inputs}
+
+
+@needs_litert
+def test_xnnpack_runs_the_float_ops():
+    # The interpreter lists the XNNPACK partition as one DELEGATE node (a private but stable
+    # listing of the execution plan); with the default op resolver it is the only delegate.
+    backend, _ = prepared(conv_model(), np.zeros((2, 12, 12, 3), "float32"))
+    ops = [op["op_name"] for op in backend._interpreter._get_ops_details()]
+    assert "DELEGATE" in ops, ops
 
 
 @needs_litert
 def test_outputs_are_copies():
-    backend, signature = prepared(dense_model(), np.ones((2, 6), "float32"))
+    backend, _ = prepared(dense_model(), np.ones((2, 6), "float32"))
     first = backend.run([np.ones((2, 6), "float32")])[0].copy()
     kept = backend.run([np.ones((2, 6), "float32")])[0]
     backend.run([np.zeros((2, 6), "float32")])
     np.testing.assert_array_equal(kept, first)  # the next call did not overwrite it
 
 
+@needs_litert
+def test_op_without_a_builtin_fails_instead_of_using_tensorflow_kernels():
+    import tensorflow as tf
+
+    # MatrixInverse has no TFLite builtin: only SELECT_TF_OPS (TensorFlow's own kernel in the
+    # interpreter) would run it, and the backend does not ask for that.
+    fn = tf.function(tf.linalg.inv, input_signature=[tf.TensorSpec([None, 3, 3], tf.float32)])
+    sample = (np.eye(3, dtype="float32") * 2)[None].repeat(4, axis=0)
+    opt = infertune.optimize(fn, sample, backends=[LiteRT()], verbose=False)
+    result = opt.report.candidate("litert")
+    assert result.status == "failed"
+    assert result.reason.startswith("prepare:"), result.reason
+    # Inverting 2*I is exact in float32: any working fallback returns exactly I/2.
+    np.testing.assert_array_equal(opt(sample), sample / 4)
+
+
+def test_inputs_are_matched_by_name_not_position():
+    details = [
+        {"name": "serving_default_in_10:0", "index": 7},
+        {"name": "serving_default_in_1:0", "index": 5},
+        *({"name": f"in_{i}", "index": 100 + i} for i in (0, *range(2, 10))),
+    ]
+    order = _input_order(details, 11)
+    assert order[:3] == [100, 5, 102] and order[10] == 7
+    with pytest.raises(RuntimeError, match="not in_0"):
+        _input_order(details[:2], 2)  # in_1 and in_10, no in_0
+    with pytest.raises(RuntimeError, match="unexpected TFLite input name"):
+        _input_order([{"name": "x", "index": 0}], 1)
+
+
+def test_outputs_are_matched_to_the_functions_order():
+    details = [{"name": "Identity_1", "index": 22}, {"name": "Identity", "index": 24}]
+    assert _output_order(details, ("Identity", "Identity_1")) == [24, 22]
+    with pytest.raises(RuntimeError, match="not the function's outputs"):
+        _output_order(details, ("Identity", "Identity_2"))
+
+
 def test_unavailable_without_litert(monkeypatch):
-    # Stands for a machine without ai-edge-litert: None in sys.modules makes find_spec fail.
+    # Stands for a machine without ai-edge-litert: a None entry in sys.modules makes
+    # importlib.util.find_spec (what available() asks) report the package missing.
     monkeypatch.setitem(sys.modules, "ai_edge_litert", None)
-    assert "pip install 'infertune[litert]'" in LiteRT().available()
+    reason = LiteRT().available()
+    assert reason is not None and "pip install 'infertune[litert]'" in reason
     sample = np.random.default_rng(0).standard_normal((4, 6)).astype("float32")
     model = dense_model()
-    opt = infertune.optimize(model, sample, backends=["litert"], verbose=False)
+    opt = infertune.optimize(model, sample, backends=[LiteRT()], verbose=False)
     assert opt.report.candidate("litert").status == "unavailable"
-    assert_matches_model(model(sample), opt(sample), rtol=1e-5)
+    # The reference runs the same Keras model: the same float32 result up to round-off.
+    assert_matches_model(model(sample), opt(sample), rtol=FP32_RTOL, atol=FP32_ATOL)

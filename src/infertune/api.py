@@ -6,23 +6,18 @@ inputs -> reference -> candidates -> prepare -> verify -> measure -> select -> O
 from __future__ import annotations
 
 import math
+import os
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from .backends import BACKENDS, Backend, KerasEager
-from .backends.onnxruntime import usable_cores
-from .diagnosis import (
-    Diagnosis,
-    advise,
-    count_flops,
-    measure_float32_ceiling,
-    measure_retracing,
-    rate_of,
-)
+from .cache import CacheEntry
+from .diagnosis import diagnose
 from .environment import collect_environment
 from .errors import InputError, ModelError, OptionError, one_line
 from .inputs import InputSignature, build_signature
@@ -34,7 +29,7 @@ from .report import CandidateResult, Report
 from .target import Target
 from .verify import Comparison, compare_outputs
 
-__all__ = ["available_backends", "explain", "optimize"]
+__all__ = ["available_backends", "optimize"]
 
 OBJECTIVES = ("latency", "throughput")
 PRECISIONS = ("fp32", "fp16", "bf16", "int8")
@@ -61,6 +56,7 @@ def optimize(
     objective: str = "latency",
     time_budget_s: float | None = None,
     precision: Iterable[str] = ("fp32",),
+    cache: str | os.PathLike | None = None,
     verbose: bool = True,
 ) -> Optimized:
     """Try every candidate backend that can run here and return the fastest correct one.
@@ -79,22 +75,42 @@ def optimize(
         time_budget_s: budget for the whole call; candidates not reached are "skipped".
         precision: precisions allowed ("fp32", "fp16", "bf16", "int8"); reduced-precision
             candidates must still pass verification under rtol/atol.
+        cache: a directory for the tuning cache. A result tuned before for the same model
+            (definition and weights), input signature, options and environment is loaded
+            from it, checked on the sample and returned without tuning (`report.from_cache`);
+            otherwise the new result is stored there. See docs/deploy.md.
         verbose: progress lines on stderr.
 
     Returns:
         An `Optimized` callable; its `.report` says what was tried and why it was chosen.
     """
     options = _Options.checked(rtol, atol, objective, time_budget_s, precision)
+    if cache is not None and not isinstance(cache, str | os.PathLike):
+        raise OptionError(
+            f"cache must be a directory path or None. Received: cache={cache!r} of type "
+            f"{type(cache).__name__}."
+        )
     with Progress(verbose) as progress:
-        return _optimize(model, sample_input, backends, options, progress)
+        return _optimize(model, sample_input, backends, options, cache, progress)
 
 
-def _optimize(model, sample_input, backends, options: _Options, progress: Progress) -> Optimized:
+def _optimize(
+    model, sample_input, backends, options: _Options, cache, progress: Progress
+) -> Optimized:
     progress.stage("loading the model")
     source = load_model(model)
     signature, sample = build_signature(sample_input, source.declared_inputs, source.default_float)
     progress.say(f"{source.description}; inputs {signature.describe()}")
     candidates = _candidates(source, backends)
+    requested = None if backends is None else [b.name for b in candidates[1:]]
+    saved_options = {**options.saved(), "backends": requested}
+    entry = None
+    if cache is not None:
+        progress.stage("looking up the tuning cache")
+        entry = CacheEntry(Path(cache), source, signature, requested, options.saved())
+        hit = entry.load(source, signature, sample, options.saved(), progress)
+        if hit is not None:
+            return hit
 
     progress.stage("computing reference outputs")
     reference, outputs, first_call_s = _reference(source, signature, sample)
@@ -126,7 +142,8 @@ def _optimize(model, sample_input, backends, options: _Options, progress: Progre
         if name != chosen.name:
             backend.close()
     progress.stage("diagnosis: counting the arithmetic, measuring the machine's peak")
-    diagnosis = diagnose(source, signature, sample, results, chosen.name)
+    environment = collect_environment()
+    diagnosis = diagnose(source, signature, sample, results, chosen.name, environment)
     report = Report(
         model=source.description,
         signature=signature.describe(),
@@ -135,7 +152,7 @@ def _optimize(model, sample_input, backends, options: _Options, progress: Progre
         rtol=options.rtol,
         atol=options.atol,
         candidates=results,
-        environment=collect_environment(),
+        environment=environment,
         selected=chosen.name,
         selection_reason=why,
         total_s=progress.elapsed(),
@@ -143,46 +160,18 @@ def _optimize(model, sample_input, backends, options: _Options, progress: Progre
         diagnosis=diagnosis,
     )
     progress.say(f"selected {chosen.name}: {why}")
-    return Optimized(contenders[chosen.name], signature, outputs, report)
-
-
-def explain(
-    model: Any,
-    sample_input: Any,
-    *,
-    batch_sizes: Sequence[int] | None = None,
-    backends: Sequence[str | Backend] | None = None,
-    time_budget_s: float | None = None,
-    verbose: bool = True,
-) -> Diagnosis:
-    """Measure where the time goes for this model on this machine, and say it in plain words.
-
-    Runs optimize() (every path's first call and steady state, eager vs graph), then times
-    `model.predict(x)` against `model(x)` and counts the traces a plain tf.function makes
-    over `batch_sizes` (default 1, 2, 4, 8). Returns a `Diagnosis`; print it.
-    """
-    source = load_model(model)
-    opt = optimize(
-        source, sample_input, backends=backends, time_budget_s=time_budget_s, verbose=verbose
+    opt = Optimized(
+        contenders[chosen.name],
+        signature,
+        outputs,
+        report,
+        output_dtypes=target.output_dtypes,
+        options=saved_options,
     )
-    diagnosis = opt.report.diagnosis
-    signature = opt.input_signature
-    sample = signature.flatten(sample_input)
-    with Progress(verbose) as progress:
-        if source.is_keras and hasattr(source.owner, "predict"):
-            progress.stage("timing model.predict(x) against model(x)")
-            diagnosis.model_call_ms, diagnosis.predict_ms = _predict_vs_call(
-                source, signature, sample
-            )
-        if signature.batch_is_dynamic:
-            sizes = list(batch_sizes or (1, 2, 4, 8))
-            progress.stage(f"counting tf.function traces over batch sizes {sizes}")
-            diagnosis.retracing = measure_retracing(
-                source.graph_function(signature), signature, sizes, np.random.default_rng(0)
-            )
-        diagnosis.advice = advise(diagnosis)
-    opt.close()
-    return diagnosis
+    if entry is not None:
+        progress.stage("storing the result in the tuning cache")
+        entry.store(opt, progress)
+    return opt
 
 
 def available_backends() -> list[str]:
@@ -226,6 +215,16 @@ class _Options:
             )
         deadline = math.inf if time_budget_s is None else time.perf_counter() + time_budget_s
         return cls(rtol, atol, objective, time_budget_s, precisions, deadline)
+
+    def saved(self) -> dict:
+        """The options that decide the tuned result, as JSON (for save() and the cache key);
+        the time budget only decides how long it may take."""
+        return {
+            "rtol": self.rtol,
+            "atol": self.atol,
+            "objective": self.objective,
+            "precision": sorted(self.precisions),
+        }
 
     def measure_budget(self) -> float:
         if self.time_budget_s is None:
@@ -455,74 +454,6 @@ def _select(results: list[CandidateResult], objective: str) -> tuple[CandidateRe
                 f"{cost(r) / cost(chosen):.2f}x slower than {chosen.name} ({unit} {cost(r):.4g} ms)"
             )
     return chosen, why
-
-
-def diagnose(
-    source: ModelSource,
-    signature: InputSignature,
-    sample: list[np.ndarray],
-    results: list[CandidateResult],
-    selected: str,
-) -> Diagnosis:
-    """The diagnosis part every report carries: rates of the measured paths against the peak."""
-    flops, flops_note = count_flops(source.graph_function(signature), sample)
-    peak = measure_float32_ceiling()
-    by_name = {r.name: r for r in results}
-    names = [results[0].name, "tf-function", "tf-xla", "onnxruntime-cpu", selected]
-    paths = []
-    for name in dict.fromkeys(names):  # in order, without repeats
-        r = by_name.get(name)
-        if r is not None and r.latency is not None:
-            paths.append(rate_of(r.name, r.first_call_ms, r.latency.p50, flops, peak))
-    environment = collect_environment()
-    diagnosis = Diagnosis(
-        model=source.description,
-        batch_size=signature.sample_batch,
-        flops=flops,
-        flops_note=flops_note,
-        peak_gflops=peak,
-        paths=paths,
-        selected=selected,
-        threads=_threads_in_use(by_name.get(selected)),
-        cpu_features=environment["cpu"]["features"],
-        gpu=", ".join(environment["gpus"])
-        or "none: TensorFlow sees no GPU, host-device copies do not apply",
-    )
-    diagnosis.advice = advise(diagnosis)
-    return diagnosis
-
-
-def _threads_in_use(selected: CandidateResult | None) -> dict:
-    import tensorflow as tf
-
-    cores = usable_cores()
-    intra = tf.config.threading.get_intra_op_parallelism_threads()
-    inter = tf.config.threading.get_inter_op_parallelism_threads()
-    threads = {
-        "tensorflow_intra_op": intra or f"default ({cores} cores)",
-        "tensorflow_inter_op": inter or "default",
-        "usable_cores": cores,
-    }
-    if selected is not None and selected.name.startswith("onnxruntime-cpu"):
-        marker = ":threads="
-        chosen = selected.name.split(marker)[1].split(":")[0] if marker in selected.name else None
-        threads["onnxruntime_intra_op"] = chosen or "default (one per physical core)"
-    return threads
-
-
-def _predict_vs_call(source, signature, sample) -> tuple[float, float]:
-    """Median ms of model(x) and model.predict(x) on the sample, interleaved."""
-    x = signature.structure.pack(sample)
-    keras_model = source.owner
-    runners = {
-        "call": lambda: source.call_flat(signature, sample),
-        "predict": lambda: keras_model.predict(x, verbose=0),
-    }
-    estimates = {name: warm_up(run, min_calls=2, min_s=0.05) for name, run in runners.items()}
-    measured = measure_interleaved(
-        runners, budget_s=2.0, min_rounds=3, per_call_estimate_s=estimates
-    )
-    return measured.stats["call"].p50, measured.stats["predict"].p50
 
 
 def _tie_key(r: CandidateResult) -> tuple:

@@ -1,4 +1,4 @@
-"""The `infertune` command: optimize, demo, report, env."""
+"""The `infertune` command: optimize, explain, demo, report, env, export-triton."""
 
 from __future__ import annotations
 
@@ -82,6 +82,24 @@ def build_parser() -> argparse.ArgumentParser:
         description="List every candidate backend: available here, or the reason it is not.",
     )
     env.set_defaults(run=_env)
+
+    triton = verbs.add_parser(
+        "export-triton",
+        help="write a saved result into a Triton Inference Server model repository",
+        description="Write a result saved with `optimize ... --save DIR` (or Optimized.save) "
+        "into a Triton model repository: REPO_DIR/NAME/config.pbtxt and "
+        "REPO_DIR/NAME/VERSION/model.*, with the tuned settings carried over where Triton's "
+        "backend has them. A candidate no Triton backend runs (LiteRT) is refused with the "
+        "reason.",
+    )
+    triton.add_argument("saved", metavar="SAVED_DIR", help="directory written by --save")
+    triton.add_argument("repository", metavar="REPO_DIR", help="Triton model repository")
+    triton.add_argument("--name", required=True, help="model name in the repository")
+    triton.add_argument("--version", type=_positive_int, default=1, help="model version (1)")
+    triton.add_argument("--max-batch-size", type=int, default=0, metavar="N",
+                        help="0 (default): no Triton batching, the batch is dimension -1; "
+                        "N > 0: Triton batches requests up to N")  # fmt: skip
+    triton.set_defaults(run=_export_triton)
     return parser
 
 
@@ -114,6 +132,12 @@ def _tuning_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--budget", type=float, default=None, metavar="SECONDS",
                         help="time budget for the whole optimization")  # fmt: skip
     parser.add_argument("--json", metavar="FILE", help="also write the report as JSON")
+    parser.add_argument("--save", metavar="DIR",
+                        help="save the result (artifact, settings, report, manifest) in a new "
+                        "directory, for infertune.load() or export-triton")  # fmt: skip
+    parser.add_argument("--cache", metavar="DIR",
+                        help="tuning cache: reuse a result tuned before for the same model, "
+                        "inputs, options and environment")  # fmt: skip
     parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
 
 
@@ -177,11 +201,21 @@ def _tune_and_print(model, sample, args: argparse.Namespace) -> int:
         rtol=args.rtol,
         atol=args.atol,
         time_budget_s=args.budget,
+        cache=args.cache,
         verbose=not args.quiet,
     )
     print(opt.report)
     if args.json:
         opt.report.to_json(args.json)
+    if args.save:
+        print(f"saved {opt.backend} to {opt.save(args.save)}")
+    return 0
+
+
+def _export_triton(args: argparse.Namespace) -> int:
+    from .triton import export_saved
+
+    print(export_saved(args.saved, args.repository, args.name, args.version, args.max_batch_size))
     return 0
 
 

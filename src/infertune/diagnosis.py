@@ -12,18 +12,36 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .environment import usable_cores
 from .errors import one_line
+from .measure import measure_interleaved, warm_up
 
-__all__ = ["Diagnosis", "PathRate", "Retracing", "measure_float32_ceiling", "count_flops"]
+if TYPE_CHECKING:
+    from .inputs import InputSignature
+    from .models import ModelSource
+    from .report import CandidateResult
 
-# Share of the machine's float32 rate below which a path is overhead-bound, above which
-# compute-bound: under 10%, at least 90% of the time goes to something other than arithmetic.
+__all__ = [
+    "Diagnosis",
+    "PathRate",
+    "Retracing",
+    "count_flops",
+    "diagnose",
+    "measure_float32_ceiling",
+    "measure_retracing",
+    "predict_vs_call",
+]
+
+# Share of the machine's float32 rate below which a path is overhead-bound, from which it
+# is compute-bound. Under 10%, at least 90% of the time goes to something other than
+# arithmetic. A third is what TensorFlow's and ONNX Runtime's kernels reach on a plain
+# large matrix product even on a busy shared machine (46-100% measured here).
 OVERHEAD_BOUND_BELOW = 0.10
-COMPUTE_BOUND_ABOVE = 0.50
+COMPUTE_BOUND_ABOVE = 1 / 3
 
 
 @dataclass
@@ -153,7 +171,7 @@ def _words(values: dict) -> str:
 _PEAK_CACHE: dict[int, float] = {}
 
 
-def measure_float32_ceiling(size: int = 1024, seconds: float = 0.15) -> float:
+def measure_float32_ceiling(size: int = 1024, seconds: float = 0.25) -> float:
     """GFLOP/s of a float32 matrix product: this machine's practical peak, measured once.
 
     The best of numpy's BLAS and TensorFlow's kernels: numpy alone can understate the peak
@@ -312,3 +330,72 @@ def advise(diagnosis: Diagnosis) -> list[str]:
         )
     tips.sort(key=lambda t: -t[0])
     return [text for _, text in tips[:3]]
+
+
+# -- the diagnosis of an optimize() run --------------------------------------------------
+def diagnose(
+    source: ModelSource,
+    signature: InputSignature,
+    sample: list[np.ndarray],
+    results: list[CandidateResult],
+    selected: str,
+    environment: dict,
+) -> Diagnosis:
+    """The diagnosis part every report carries: rates of the measured paths against the peak."""
+    flops, flops_note = count_flops(source.graph_function(signature), sample)
+    peak = measure_float32_ceiling()
+    by_name = {r.name: r for r in results}
+    names = [results[0].name, "tf-function", "tf-xla", "onnxruntime-cpu", selected]
+    paths = []
+    for name in dict.fromkeys(names):  # in order, without repeats
+        r = by_name.get(name)
+        if r is not None and r.latency is not None:
+            paths.append(rate_of(r.name, r.first_call_ms, r.latency.p50, flops, peak))
+    diagnosis = Diagnosis(
+        model=source.description,
+        batch_size=signature.sample_batch,
+        flops=flops,
+        flops_note=flops_note,
+        peak_gflops=peak,
+        paths=paths,
+        selected=selected,
+        threads=_threads_in_use(by_name.get(selected)),
+        cpu_features=environment["cpu"]["features"],
+        gpu=", ".join(environment["gpus"])
+        or "none: TensorFlow sees no GPU, host-device copies do not apply",
+    )
+    diagnosis.advice = advise(diagnosis)
+    return diagnosis
+
+
+def _threads_in_use(selected: CandidateResult | None) -> dict:
+    import tensorflow as tf
+
+    cores = usable_cores()
+    intra = tf.config.threading.get_intra_op_parallelism_threads()
+    inter = tf.config.threading.get_inter_op_parallelism_threads()
+    threads = {
+        "tensorflow_intra_op": intra or f"default ({cores} cores)",
+        "tensorflow_inter_op": inter or "default",
+        "usable_cores": cores,
+    }
+    if selected is not None and selected.name.startswith("onnxruntime-cpu"):
+        marker = ":threads="
+        chosen = selected.name.split(marker)[1].split(":")[0] if marker in selected.name else None
+        threads["onnxruntime_intra_op"] = chosen or "default (one per physical core)"
+    return threads
+
+
+def predict_vs_call(source, signature, sample) -> tuple[float, float]:
+    """Median ms of model(x) and model.predict(x) on the sample, interleaved."""
+    x = signature.structure.pack(sample)
+    keras_model = source.owner
+    runners = {
+        "call": lambda: source.call_flat(signature, sample),
+        "predict": lambda: keras_model.predict(x, verbose=0),
+    }
+    estimates = {name: warm_up(run, min_calls=2, min_s=0.05) for name, run in runners.items()}
+    measured = measure_interleaved(
+        runners, budget_s=2.0, min_rounds=3, per_call_estimate_s=estimates
+    )
+    return measured.stats["call"].p50, measured.stats["predict"].p50

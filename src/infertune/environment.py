@@ -6,6 +6,7 @@ recording the environment never fails and costs little.
 
 from __future__ import annotations
 
+import glob
 import hashlib
 import json
 import os
@@ -13,7 +14,7 @@ import platform
 import sys
 from importlib import metadata
 
-__all__ = ["collect_environment", "fingerprint"]
+__all__ = ["collect_environment", "differences", "fingerprint", "gpu_devices"]
 
 # Packages whose versions change results or speed; absent ones are recorded as None.
 _PACKAGES = (
@@ -31,6 +32,11 @@ _PACKAGES = (
     "infertune",
 )
 _CPU_FLAGS = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni", "avx512_fp16", "amx_bf16")
+
+
+def usable_cores() -> int:
+    """CPU cores this process may run on (its affinity), the count thread settings go by."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def package_version(name: str) -> str | None:
@@ -58,7 +64,7 @@ def _cpu_info() -> dict:
     return {
         "model": model,
         "logical_cores": os.cpu_count(),
-        "usable_cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+        "usable_cores": usable_cores(),
         "features": [flag for flag in _CPU_FLAGS if flag in flags],
     }
 
@@ -82,22 +88,76 @@ def _gpus() -> list[str]:
     return [device.name for device in tf.config.list_physical_devices("GPU")]
 
 
-def collect_environment() -> dict:
-    """Versions, CPU model and features, GPUs TensorFlow sees, thread settings."""
+def gpu_devices() -> list[str]:
+    """NVIDIA GPUs the driver exposes, read from /proc without TensorFlow or CUDA libraries."""
+    models = []
+    for info in sorted(glob.glob("/proc/driver/nvidia/gpus/*/information")):
+        try:
+            with open(info, encoding="utf-8") as f:
+                for line in f:
+                    key, _, value = line.partition(":")
+                    if key.strip() == "Model":
+                        models.append(value.strip())
+                        break
+        except OSError:
+            continue
+    return models
+
+
+def collect_environment(packages: tuple[str, ...] = _PACKAGES) -> dict:
+    """Versions (of `packages`, default all that matter), CPU model and features, GPUs
+    (TensorFlow's view where it is imported, and the driver's), thread settings."""
     return {
         "python": platform.python_version(),
         "platform": platform.platform(),
         "cpu": _cpu_info(),
         "gpus": _gpus(),
+        "gpu_devices": gpu_devices(),
         "threads": _threads(),
-        "packages": {name: package_version(name) for name in _PACKAGES},
+        "packages": {name: package_version(name) for name in packages},
     }
 
 
 def fingerprint(environment: dict) -> str:
-    """A short hash of what makes a tuning result valid: packages, CPU, GPUs, Python."""
+    """A short hash of what makes a tuning result valid: Python, CPU, GPUs, package versions
+    and the thread variables. The same with or without TensorFlow imported (nothing in it is
+    read through TensorFlow), so a process that never imports it computes the same value."""
+    threads = environment.get("threads") or {}
     relevant = {
-        key: environment.get(key) for key in ("python", "cpu", "gpus", "packages", "threads")
+        "python": environment.get("python"),
+        "cpu": environment.get("cpu"),
+        "gpu_devices": environment.get("gpu_devices"),
+        "packages": environment.get("packages"),
+        "threads": {k: v for k, v in threads.items() if not k.startswith("tf_")},
     }
     blob = json.dumps(relevant, sort_keys=True, default=str).encode()
     return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def differences(saved: dict, current: dict, packages: tuple[str, ...] = ()) -> list[str]:
+    """What changed since `saved` was recorded that can change a tuned result's speed: the
+    CPU, its usable cores and features, the GPUs, and the versions of `packages`."""
+    changes = []
+    for key, words in (
+        ("model", "CPU"),
+        ("usable_cores", "usable cores"),
+        ("features", "CPU features"),
+    ):
+        then, now = saved.get("cpu", {}).get(key), current.get("cpu", {}).get(key)
+        if then != now:
+            changes.append(f"{words}: {_words(then)} when saved, {_words(now)} here")
+    then, now = saved.get("gpu_devices"), current.get("gpu_devices")
+    if then is not None and then != now:
+        changes.append(f"GPUs: {_words(then)} when saved, {_words(now)} here")
+    for name in packages:
+        then = saved.get("packages", {}).get(name)
+        now = current.get("packages", {}).get(name)
+        if then != now:
+            changes.append(f"{name} {then or 'absent'} when saved, {now or 'absent'} here")
+    return changes
+
+
+def _words(value) -> str:
+    if isinstance(value, list):
+        return ", ".join(map(str, value)) or "none"
+    return str(value)

@@ -1,9 +1,14 @@
 """The exceptions infertune raises.
 
-    InfertuneError            root: catch this to catch everything infertune raises on purpose
-    ├── InputError            (also ValueError) a sample or call input does not fit the model
-    ├── ModelError            (also ValueError) the model cannot be loaded or called as given
-    └── OptionError           (also ValueError) an argument of optimize() is out of range
+    InfertuneError              root: catch this to catch everything infertune raises on purpose
+    ├── InputError              (also ValueError) a sample or call input does not fit the model
+    ├── ModelError              (also ValueError) the model cannot be loaded or called as given
+    ├── OptionError             (also ValueError) an argument of optimize() is out of range
+    ├── ArtifactError           a saved result is modified, incomplete, or not one infertune reads
+    ├── EnvironmentMismatchError a saved result needs what this environment lacks (a runtime,
+    │                           a GPU, a version that can load it)
+    └── ExportError             a result cannot be written in the form asked for (save() of a
+                                custom backend, export_triton() of a candidate Triton cannot run)
 
 A failing candidate backend never raises out of optimize(): it is reported as `failed`.
 Anything else that escapes is a bug in infertune.
@@ -11,7 +16,15 @@ Anything else that escapes is a bug in infertune.
 
 from __future__ import annotations
 
-__all__ = ["InfertuneError", "InputError", "ModelError", "OptionError"]
+__all__ = [
+    "ArtifactError",
+    "EnvironmentMismatchError",
+    "ExportError",
+    "InfertuneError",
+    "InputError",
+    "ModelError",
+    "OptionError",
+]
 
 
 class InfertuneError(Exception):
@@ -28,6 +41,20 @@ class ModelError(InfertuneError, ValueError):
 
 class OptionError(InfertuneError, ValueError):
     """An option passed to optimize() is invalid."""
+
+
+class ArtifactError(InfertuneError):
+    """A saved result cannot be trusted or read: a file was modified, added or removed, the
+    manifest is missing or unreadable, or it was written by a newer infertune."""
+
+
+class EnvironmentMismatchError(InfertuneError):
+    """A saved result does not fit this environment: its runtime is not installed, the GPU it
+    was tuned for is absent, or the runtime here cannot load the saved artifact."""
+
+
+class ExportError(InfertuneError):
+    """A tuned result cannot be written in the requested form; the message says why."""
 
 
 def one_line(exc: BaseException, limit: int = 240) -> str:

@@ -43,6 +43,12 @@ class InputSpec:
             "high": self.high,
         }
 
+    @classmethod
+    def from_dict(cls, data: dict) -> InputSpec:
+        """Inverse of `to_dict` (JSON's null dimensions back to None)."""
+        shape = tuple(None if d is None else int(d) for d in data["shape"])
+        return cls(data["name"], shape, np.dtype(data["dtype"]), data["low"], data["high"])
+
 
 def to_numpy(value: Any) -> np.ndarray:
     """A numpy array from an array, a tf.Tensor or anything with `__array__`."""
@@ -106,6 +112,15 @@ class InputSignature:
             "structure": self.structure.to_dict(),
             "sample_shapes": [list(shape) for shape in self.sample_shapes],
         }
+
+    @classmethod
+    def from_dict(cls, data: dict) -> InputSignature:
+        """The signature back from `to_dict()` output (a saved manifest), without TensorFlow."""
+        return cls(
+            [InputSpec.from_dict(spec) for spec in data["inputs"]],
+            Structure.from_dict(data["structure"]),
+            [tuple(shape) for shape in data["sample_shapes"]],
+        )
 
     # -- calls ---------------------------------------------------------------------------
     def flatten(self, x: Any) -> list[np.ndarray]:
@@ -217,8 +232,12 @@ def _draw(rng: np.random.Generator, spec: InputSpec, shape: tuple[int, ...]) -> 
     if dtype.kind == "b":
         return rng.integers(0, 2, size=shape).astype(bool)
     if dtype.kind in "iu":
-        low, high = int(spec.low), int(spec.high)
-        return rng.integers(low, high + 1, size=shape, dtype=np.int64).astype(dtype)
+        # The range was stored as floats: clip back into the dtype (2**63 - 1 rounds up to 2**63).
+        info = np.iinfo(dtype)
+        low, high = (int(min(max(v, info.min), info.max)) for v in (spec.low, spec.high))
+        if info.max > np.iinfo(np.int64).max:  # uint64: draw below int64's limit
+            low, high = min(low, np.iinfo(np.int64).max), min(high, np.iinfo(np.int64).max)
+        return rng.integers(low, high, size=shape, dtype=np.int64, endpoint=True).astype(dtype)
     low, high = spec.low, spec.high
     if high <= low:  # a constant sample: vary around it so that inputs still differ
         low, high = low - 1.0, high + 1.0

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+import os
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -11,6 +13,9 @@ from .backends.base import Backend
 from .inputs import InputSignature
 from .report import Report
 from .structure import Structure
+
+if TYPE_CHECKING:
+    from .triton import TritonExport
 
 __all__ = ["Optimized"]
 
@@ -23,12 +28,23 @@ class Optimized:
     """
 
     def __init__(
-        self, backend: Backend, signature: InputSignature, outputs: Structure, report: Report
+        self,
+        backend: Backend,
+        signature: InputSignature,
+        outputs: Structure,
+        report: Report,
+        *,
+        output_dtypes: Sequence[np.dtype] = (),
+        options: dict | None = None,
+        saved_from: tuple[Path, dict] | None = None,
     ):
         self._backend = backend
         self.input_signature = signature
         self.output_structure = outputs
+        self.output_dtypes = [np.dtype(d) for d in output_dtypes]
         self.report = report
+        self._options = options or {}  # optimize()'s tuning options, for save() and the cache
+        self._saved_from = saved_from  # (directory, manifest) when restored by load()
         self._call = _calling(backend.run, signature, outputs)
 
     def __call__(self, x: Any) -> Any:
@@ -38,6 +54,41 @@ class Optimized:
     def backend(self) -> str:
         """Name of the chosen candidate, e.g. "onnxruntime-cpu"."""
         return self._backend.name
+
+    def save(self, path: str | os.PathLike) -> Path:
+        """Write this result to the directory `path` (new or empty): the chosen candidate's
+        artifact (model.onnx, model.savedmodel/ or model.keras) with its tuned settings, the
+        report as JSON, and a manifest with every file's sha256, the input and output
+        signature and the environment. `infertune.load(path)` restores it without tuning or
+        converting again. Raises ExportError for a candidate that cannot be saved."""
+        from .saving import save
+
+        return save(self, path)
+
+    def export_triton(
+        self,
+        repository: str | os.PathLike,
+        name: str,
+        *,
+        version: int = 1,
+        max_batch_size: int = 0,
+    ) -> TritonExport:
+        """Write this result into a Triton Inference Server model repository:
+        `repository/name/config.pbtxt` and `repository/name/<version>/model.*`, with the tuned
+        settings (threads, precision, performance hint) carried over where Triton's backend
+        has them. `max_batch_size` 0 leaves batching to the client (the batch dimension is
+        -1 in dims); N > 0 lets Triton batch requests up to N. Raises ExportError, saying why,
+        for a candidate no Triton backend runs. See docs/deploy.md."""
+        import tempfile
+
+        from .triton import check_exportable, export_saved
+
+        check_exportable(type(self._backend).name, self.backend)
+        if self._saved_from is not None:
+            return export_saved(self._saved_from[0], repository, name, version, max_batch_size)
+        with tempfile.TemporaryDirectory(prefix="infertune-triton-") as tmp:
+            saved = self.save(Path(tmp) / "saved")
+            return export_saved(saved, repository, name, version, max_batch_size)
 
     def close(self) -> None:
         """Release the runtime's resources; the object cannot be called afterwards."""

@@ -91,6 +91,7 @@ class Report:
     total_s: float
     notes: list[str] = field(default_factory=list)
     diagnosis: Diagnosis | None = None
+    from_cache: bool = False  # returned by optimize(cache=...) from an earlier tuning run
 
     def candidate(self, name: str) -> CandidateResult:
         for result in self.candidates:
@@ -115,6 +116,7 @@ class Report:
             "environment": self.environment,
             "notes": list(self.notes),
             "diagnosis": self.diagnosis.to_dict() if self.diagnosis else None,
+            "from_cache": self.from_cache,
         }
 
     @classmethod
@@ -163,8 +165,9 @@ class Report:
                 )
             )
         widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+        cached = " (from the tuning cache: measured earlier, not in this call)"
         lines = [
-            f"infertune report: {self.model}",
+            f"infertune report: {self.model}{cached if self.from_cache else ''}",
             f"inputs: {self.signature}   batch: {self.batch_size}   objective: {self.objective}"
             f"   tolerance: rtol={self.rtol:g} atol={self.atol:g}",
             "",

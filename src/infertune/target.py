@@ -18,9 +18,14 @@ __all__ = ["Target"]
 
 @dataclass
 class Target:
-    """Everything a backend may use to prepare the model, the same for every candidate."""
+    """Everything a backend may use to prepare the model, the same for every candidate.
 
-    source: ModelSource
+    `source` is None when a saved result is loaded (infertune.load): the conversions the
+    backend needs are then preloaded from the saved files (`preload`), so `prepare()` finds
+    them built and never reaches for the model.
+    """
+
+    source: ModelSource | None
     signature: InputSignature
     output_structure: Structure
     output_dtypes: list[np.dtype]
@@ -43,6 +48,11 @@ class Target:
         if not ok:
             raise value
         return value
+
+    def preload(self, key: str, value: Any) -> None:
+        """Provide a conversion already built (read from a saved artifact) under `key`."""
+        self._shared[key] = (True, value)
+        self._seconds[key] = 0.0
 
     def shared_seconds(self, keys: list[str]) -> float:
         """What building these shared conversions cost, whoever paid for it."""

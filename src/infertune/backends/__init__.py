@@ -12,7 +12,7 @@ from .openvino import OpenVinoCpu, OpenVinoCpuBf16
 from .tf_function import TfFunction
 from .tf_xla import TfXla
 
-__all__ = ["BACKENDS", "Backend", "KerasEager", "Target"]
+__all__ = ["BACKENDS", "Backend", "KerasEager", "Target", "backend_class"]
 
 # Every candidate optimize() knows, by name, in the order it tries them: a factory each.
 # The reference (keras-eager, or "original" for non-Keras models) is always tried first.
@@ -24,3 +24,16 @@ BACKENDS: dict[str, Callable[[], Backend]] = {
     OpenVinoCpuBf16.name: OpenVinoCpuBf16,
     **litert_variants(),
 }
+
+
+def backend_class(kind: str) -> type[Backend] | None:
+    """The backend class named `kind` (a saved manifest's `backend.kind`), or None.
+
+    Variants share a class: "onnxruntime-cpu:threads=1" is an OnnxRuntimeCpu named
+    "onnxruntime-cpu" plus its settings. BACKENDS holds classes and functools.partial's of them.
+    """
+    classes: dict[str, type[Backend]] = {KerasEager.name: KerasEager}
+    for factory in BACKENDS.values():
+        cls = getattr(factory, "func", factory)
+        classes.setdefault(cls.name, cls)
+    return classes.get(kind)

@@ -7,11 +7,20 @@ many times, then `close()` for candidates not chosen.
 
 `run` takes and returns flat lists of numpy arrays on the host: returning host arrays is the
 synchronization point that keeps asynchronous device work inside the timed call.
+
+Saving (opt.save, the tuning cache) goes through two more methods: `save_artifact(directory)`
+writes the files the prepared backend runs (an ONNX file, a SavedModel) and returns its
+settings as JSON-able values; the classmethod `load_artifact(directory, settings, target)`
+returns a prepared backend from them, without TensorFlow where the runtime does not need it.
+The manifest stores the class's `name` (the part before any `:variant`), which picks the
+class back from the registry (backends/__init__.py `backend_class`). A backend that does not
+write them cannot be saved, and says so.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from pathlib import Path
 from typing import ClassVar
 
 import numpy as np
@@ -31,6 +40,9 @@ class Backend(ABC):
     name: ClassVar[str]
     precision: ClassVar[str] = "fp32"
     requires: ClassVar[str | None] = None
+    # Distribution names whose versions decide how a saved artifact loads and how fast it
+    # runs: infertune.load() says when they differ from the versions it was saved with.
+    runtime_packages: ClassVar[tuple[str, ...]] = ()
     # Seconds its runtime keeps cores busy after a call returns (threads spinning for more
     # work). The measurement waits that long before timing another candidate, which would
     # otherwise run on fewer cores than it has in production.
@@ -50,6 +62,24 @@ class Backend(ABC):
 
     def close(self) -> None:
         """Release what prepare() built (sessions, compiled functions)."""
+
+    def save_artifact(self, directory: Path) -> dict:
+        """Write the files this prepared backend runs into `directory` (which exists and is
+        empty) and return the settings `load_artifact` needs, as JSON-able values. Nothing
+        written may execute code when loaded (no pickle)."""
+        raise NotImplementedError(f"the {self.name} candidate does not support saving yet")
+
+    @classmethod
+    def load_artifact(cls, directory: Path, settings: dict, target: Target) -> Backend:
+        """A prepared backend from the files `save_artifact` wrote and the settings it returned.
+
+        `target` has the saved signature, output structure and dtypes and the objective, and
+        no model (`target.source` is None): preload the conversions `prepare()` would build
+        (`target.preload(key, value)`) and call `prepare(target)`, or set the backend up
+        directly. Import TensorFlow only where the runtime itself needs it. The class must
+        construct with no arguments (load() asks such an instance whether it is `available()`).
+        """
+        raise NotImplementedError(f"the {cls.name} candidate does not support loading yet")
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r}>"

@@ -2,19 +2,26 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 
 from ..inputs import to_numpy
+from ..models import tensor_specs
 from ..structure import flatten
 from .base import Backend, Target
+from .tf_function import SAVEDMODEL_DIR, load_flat_savedmodel, save_flat_savedmodel
 
 __all__ = ["KerasEager"]
+
+KERAS_FILE = "model.keras"
 
 
 class KerasEager(Backend):
     """Eager `model(x)` for Keras models; for a tf.Module or tf.function, the call as given."""
 
     name = "keras-eager"
+    runtime_packages = ("tensorflow", "keras")
 
     def __init__(self, name: str = "keras-eager"):
         self.name = name  # "original" for models that are not Keras
@@ -22,6 +29,7 @@ class KerasEager(Backend):
     def prepare(self, target: Target) -> None:
         self._call = target.source
         self._pack = target.signature.structure.packer()
+        self._target = target  # what save_artifact writes
 
     def run(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
         leaves, _ = flatten(self._call(self._pack(inputs)))
@@ -29,3 +37,36 @@ class KerasEager(Backend):
 
     def close(self) -> None:
         self._call = None
+        self._target = None
+
+    def save_artifact(self, directory: Path) -> dict:
+        """A Keras model as a .keras file (Keras' own format, loaded in safe mode); a tf.Module
+        or tf.function as a SavedModel of its flat traced call."""
+        import tensorflow as tf
+
+        source = self._target.source
+        if source.is_keras:
+            module = type(source.owner).__module__.split(".")[0]  # "keras" or "tf_keras"
+            source.owner.save(directory / KERAS_FILE)
+            return {"format": "keras", "file": KERAS_FILE, "module": module, "name": self.name}
+        signature = self._target.signature
+        fn = tf.function(source.graph_function(signature), input_signature=tensor_specs(signature))
+        save_flat_savedmodel(fn, source.owner, directory / SAVEDMODEL_DIR)
+        return {"format": "savedmodel", "dir": SAVEDMODEL_DIR, "name": self.name}
+
+    @classmethod
+    def load_artifact(cls, directory: Path, settings: dict, target: Target) -> Backend:
+        backend = cls(settings["name"])
+        backend._pack = target.signature.structure.packer()
+        if settings["format"] == "keras":
+            if settings["module"] == "tf_keras":
+                import tf_keras as keras
+            else:
+                import keras
+            # safe_mode (the default): a Lambda layer's Python code is refused, not run.
+            backend._call = keras.models.load_model(directory / settings["file"], compile=False)
+        else:
+            loaded = load_flat_savedmodel(directory / settings["dir"])
+            backend._loaded = loaded
+            backend.run = lambda inputs: [tensor.numpy() for tensor in loaded.fn(*inputs)]
+        return backend

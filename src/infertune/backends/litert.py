@@ -5,6 +5,11 @@ the other TensorFlow candidates use (float32, no quantization), and run by ai-ed
 interpreter, whose default CPU delegate for float models is XNNPACK. The batch dimension is
 -1 in the converted model: a new batch size resizes the input tensors once, and calls at an
 unchanged shape do no resizing.
+
+TFLite numbers its tensors in its own order (two outputs may come back swapped), so inputs and
+outputs are matched by name: inputs by the in_<i> names the TensorSpecs carry, outputs by the
+names of the traced function's output tensors, recorded at conversion. A name that does not
+match fails prepare() instead of guessing an order.
 """
 
 from __future__ import annotations
@@ -12,9 +17,12 @@ from __future__ import annotations
 import importlib.util
 import re
 import threading
+from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
+from ..environment import usable_cores
 from ..models import tensor_specs
 from .base import Backend, Target
 
@@ -32,6 +40,7 @@ class LiteRT(Backend):
 
     name = "litert"
     requires = "litert"
+    runtime_packages = ("ai-edge-litert",)
 
     def __init__(self, threads: int | None = None):
         self.threads = threads
@@ -45,18 +54,19 @@ class LiteRT(Backend):
     def prepare(self, target: Target) -> None:
         from ai_edge_litert.interpreter import Interpreter
 
-        from .onnxruntime import usable_cores
-
-        self.model_bytes = target.shared("tflite", lambda: _convert(target))
+        converted: Converted = target.shared("tflite", lambda: _convert(target))
+        self._converted = converted
         threads = self.threads or usable_cores()
-        self._interpreter = Interpreter(model_content=self.model_bytes, num_threads=threads)
+        # The default op resolver (AUTO) applies XNNPACK, LiteRT's default CPU delegate, to
+        # the float ops it supports; the rest run on the builtin kernels.
+        self._interpreter = Interpreter(model_content=converted.content, num_threads=threads)
         self._interpreter.allocate_tensors()
-        inputs = {d["name"]: d["index"] for d in self._interpreter.get_input_details()}
-        names = [f"in_{i}" for i in range(len(target.signature.specs))]
-        if sorted(inputs) != sorted(names):
-            raise RuntimeError(f"TFLite inputs {sorted(inputs)} do not match {names}")
-        self._inputs = [inputs[name] for name in names]
-        self._outputs = _output_order(self._interpreter.get_output_details())
+        self._inputs = _input_order(
+            self._interpreter.get_input_details(), len(target.signature.specs)
+        )
+        self._outputs = _output_order(
+            self._interpreter.get_output_details(), converted.output_names
+        )
         if len(self._outputs) != len(target.output_dtypes):
             raise RuntimeError(
                 f"TFLite model has {len(self._outputs)} outputs, the model "
@@ -100,9 +110,35 @@ class LiteRT(Backend):
 
     def close(self) -> None:
         self._interpreter = None
+        self._converted = None
+
+    def save_artifact(self, directory: Path) -> dict:
+        """model.tflite, the thread count and the output names that map its tensors."""
+        (directory / "model.tflite").write_bytes(self._converted.content)
+        return {
+            "file": "model.tflite",
+            "threads": self.threads,
+            "output_names": list(self._converted.output_names),
+        }
+
+    @classmethod
+    def load_artifact(cls, directory: Path, settings: dict, target: Target) -> Backend:
+        content = (directory / settings["file"]).read_bytes()
+        target.preload("tflite", Converted(content, tuple(settings["output_names"])))
+        backend = cls(settings["threads"])
+        backend.prepare(target)
+        return backend
 
 
-def _convert(target: Target) -> bytes:
+@dataclass(frozen=True)
+class Converted:
+    """A TFLite flatbuffer and the names of its outputs in the flat function's order."""
+
+    content: bytes
+    output_names: tuple[str, ...]
+
+
+def _convert(target: Target) -> Converted:
     """The model as TFLite (float32, no quantization), shared by every LiteRT variant."""
     import tensorflow as tf
 
@@ -110,17 +146,22 @@ def _convert(target: Target) -> bytes:
         target.source.graph_function(target.signature),
         input_signature=tensor_specs(target.signature),
     )
-    converter = tf.lite.TFLiteConverter.from_concrete_functions(
-        [function.get_concrete_function()], function
-    )
-    return converter.convert()
+    concrete = function.get_concrete_function()
+    # The tf.function as trackable_obj selects the converter's concrete-function pipeline
+    # (freeze the variables, convert the graph): tensors keep their graph names (in_0,
+    # Identity_1), and there is no SavedModel round trip through a temporary directory.
+    converter = tf.lite.TFLiteConverter.from_concrete_functions([concrete], function)
+    converter.optimizations = []  # no quantization: float32 weights and arithmetic
+    # Builtin ops only: an op without a builtin kernel fails the conversion here, rather than
+    # needing TensorFlow's kernels (SELECT_TF_OPS) inside the interpreter.
+    converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS]
+    names = tuple(_tensor_name(tensor.name) for tensor in concrete.outputs)
+    return Converted(converter.convert(), names)
 
 
 def litert_variants() -> dict:
     """All usable cores, then 1, 2, 4, ... threads below that."""
     from functools import partial
-
-    from .onnxruntime import usable_cores
 
     variants = {LiteRT.name: LiteRT}
     threads = 1
@@ -130,12 +171,30 @@ def litert_variants() -> dict:
     return variants
 
 
-def _output_order(details: list[dict]) -> list[int]:
-    """Tensor indices in the flat function's output order: Identity, Identity_1, ..."""
-    numbered = []
+def _input_order(details: list[dict], count: int) -> list[int]:
+    """Tensor indices of inputs in_0 ... in_<count-1>, found by name (in_3, or a prefixed
+    serving_default_in_3:0), never by position."""
+    found: dict[int, int] = {}
     for detail in details:
-        match = re.fullmatch(r"(?:.*/)?Identity(?:_(\d+))?(?::\d+)?", detail["name"])
-        if match is None:
-            raise RuntimeError(f"unexpected TFLite output name {detail['name']!r}")
-        numbered.append((int(match.group(1) or 0), detail["index"]))
-    return [index for _, index in sorted(numbered)]
+        match = re.fullmatch(r"(?:.*_)?in_(\d+)(?::\d+)?", detail["name"])
+        if match is None or int(match.group(1)) in found:
+            raise RuntimeError(f"unexpected TFLite input name {detail['name']!r}")
+        found[int(match.group(1))] = detail["index"]
+    if sorted(found) != list(range(count)):
+        names = sorted(d["name"] for d in details)
+        raise RuntimeError(f"TFLite inputs {names} are not in_0 ... in_{count - 1}")
+    return [found[i] for i in range(count)]
+
+
+def _output_order(details: list[dict], names: tuple[str, ...]) -> list[int]:
+    """Tensor indices of the outputs named `names` (the traced function's, in its order)."""
+    by_name = {_tensor_name(detail["name"]): detail["index"] for detail in details}
+    if sorted(by_name) != sorted(names) or len(details) != len(names):
+        got = sorted(d["name"] for d in details)
+        raise RuntimeError(f"TFLite outputs {got} are not the function's outputs {list(names)}")
+    return [by_name[name] for name in names]
+
+
+def _tensor_name(name: str) -> str:
+    """A graph tensor's name without its output number: Identity_1:0 -> Identity_1."""
+    return re.sub(r":0$", "", name)

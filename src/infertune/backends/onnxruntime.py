@@ -10,14 +10,15 @@ as a reduced-precision candidate. Each is measured like any other.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from functools import partial
+from pathlib import Path
 
 import numpy as np
 
-from ..export.onnx import export_onnx
+from ..environment import usable_cores
+from ..export.onnx import OnnxExport, export_onnx, read_onnx, write_onnx
 from .base import Backend, Target
 
 __all__ = ["OnnxRuntimeCpu", "OnnxRuntimeCpuInt8", "OrtSettings", "onnxruntime_cpu_variants"]
@@ -72,6 +73,7 @@ class OnnxRuntimeCpu(Backend):
 
     name = "onnxruntime-cpu"
     provider = "CPUExecutionProvider"
+    runtime_packages = ("onnxruntime",)
 
     def __init__(self, settings: OrtSettings | None = None):
         self.settings = settings or OrtSettings()
@@ -95,20 +97,39 @@ class OnnxRuntimeCpu(Backend):
         import onnxruntime
 
         exported = export_onnx(target)
+        model_bytes = self.model_bytes(target)
         self._session = onnxruntime.InferenceSession(
-            self.model_bytes(target), self.settings.session_options(), providers=[self.provider]
+            model_bytes, self.settings.session_options(), providers=[self.provider]
         )
         used = self._session.get_providers()
         if used[0] != self.provider:  # ONNX Runtime falls back silently; a fallback is a failure
             raise RuntimeError(f"ONNX Runtime used {used[0]} instead of {self.provider}")
         self._input_names = exported.input_names
         self._output_names = exported.output_names
+        self._saved = (model_bytes, exported)  # what save_artifact writes
 
     def run(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
         return self._session.run(self._output_names, dict(zip(self._input_names, inputs)))
 
     def close(self) -> None:
         self._session = None
+        self._saved = None
+
+    def save_artifact(self, directory: Path) -> dict:
+        """model.onnx (the bytes the session runs) and the session settings."""
+        model_bytes, exported = self._saved
+        return {**write_onnx(directory, model_bytes, exported), "session": asdict(self.settings)}
+
+    @classmethod
+    def load_artifact(cls, directory: Path, settings: dict, target: Target) -> Backend:
+        backend = cls(OrtSettings(**settings["session"]))
+        cls._preload(target, read_onnx(directory, settings))
+        backend.prepare(target)
+        return backend
+
+    @classmethod
+    def _preload(cls, target: Target, exported: OnnxExport) -> None:
+        target.preload("onnx", exported)
 
 
 class OnnxRuntimeCpuInt8(OnnxRuntimeCpu):
@@ -122,6 +143,12 @@ class OnnxRuntimeCpuInt8(OnnxRuntimeCpu):
             "onnx-int8", lambda: _quantize_dynamic(export_onnx(target).model_bytes)
         )
 
+    @classmethod
+    def _preload(cls, target: Target, exported: OnnxExport) -> None:
+        # The saved model.onnx is the quantized model: it is the int8 conversion.
+        target.preload("onnx", exported)
+        target.preload("onnx-int8", exported.model_bytes)
+
 
 def _quantize_dynamic(model_bytes: bytes) -> bytes:
     import tempfile
@@ -134,10 +161,6 @@ def _quantize_dynamic(model_bytes: bytes) -> bytes:
         out = Path(tmp) / "int8.onnx"
         quantize_dynamic(onnx.load_from_string(model_bytes), out, weight_type=QuantType.QInt8)
         return out.read_bytes()
-
-
-def usable_cores() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def onnxruntime_cpu_variants() -> dict[str, Callable[[], Backend]]:

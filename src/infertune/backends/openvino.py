@@ -11,12 +11,13 @@ from __future__ import annotations
 import importlib.util
 import threading
 from functools import cache
+from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
 
 from ..errors import one_line
-from ..export.onnx import export_onnx
+from ..export.onnx import export_onnx, read_onnx, write_onnx
 from .base import Backend, Target
 
 __all__ = ["OpenVinoCpu", "OpenVinoCpuBf16"]
@@ -45,6 +46,7 @@ class OpenVinoCpu(Backend):
     name = "openvino-cpu"
     precision = "fp32"
     requires = "openvino"
+    runtime_packages = ("openvino",)
     inference_precision: ClassVar[str] = "f32"  # an openvino.Type name
 
     def __init__(self, performance_hint: str | None = None):
@@ -68,6 +70,8 @@ class OpenVinoCpu(Backend):
         import openvino.properties.hint as hints
 
         exported = export_onnx(target)
+        self._exported = exported  # what save_artifact writes
+        self.hint = self._hint(target)  # the PERFORMANCE_HINT compiled with
         core = _core()
         # The ONNX frontend reads the serialized ModelProto from memory: no temporary file.
         model = core.read_model(exported.model_bytes)
@@ -77,7 +81,7 @@ class OpenVinoCpu(Backend):
             "CPU",
             {
                 hints.inference_precision: wanted,
-                hints.performance_mode: getattr(hints.PerformanceMode, self._hint(target)),
+                hints.performance_mode: getattr(hints.PerformanceMode, self.hint),
             },
         )
         used = compiled.get_property(hints.inference_precision)
@@ -123,6 +127,24 @@ class OpenVinoCpu(Backend):
     def close(self) -> None:
         self._request = None
         self._compiled = None
+        self._exported = None
+
+    def save_artifact(self, directory: Path) -> dict:
+        """model.onnx (OpenVINO compiles it on load) and the compile settings."""
+        exported = self._exported
+        return {
+            **write_onnx(directory, exported.model_bytes, exported),
+            "performance_hint": self.performance_hint,  # as constructed (None: the objective's)
+            "hint": self.hint,  # as compiled
+            "inference_precision": self.inference_precision,
+        }
+
+    @classmethod
+    def load_artifact(cls, directory: Path, settings: dict, target: Target) -> Backend:
+        backend = cls(settings["performance_hint"])
+        target.preload("onnx", read_onnx(directory, settings))
+        backend.prepare(target)
+        return backend
 
 
 class OpenVinoCpuBf16(OpenVinoCpu):

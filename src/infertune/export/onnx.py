@@ -10,13 +10,15 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 from ..models import tensor_specs
 from ..target import Target
 
-__all__ = ["OnnxExport", "export_onnx", "OPSET"]
+__all__ = ["OnnxExport", "export_onnx", "OPSET", "ONNX_FILE", "read_onnx", "write_onnx"]
 
 OPSET = 17
+ONNX_FILE = "model.onnx"  # the saved artifact of every ONNX-based candidate (Triton's name too)
 
 
 @dataclass(frozen=True)
@@ -33,6 +35,29 @@ class OnnxExport:
 def export_onnx(target: Target) -> OnnxExport:
     """The model as ONNX, converted on first use and shared through `target`."""
     return target.shared("onnx", lambda: _convert(target))
+
+
+def write_onnx(directory: Path, model_bytes: bytes, exported: OnnxExport) -> dict:
+    """Save an ONNX-based candidate's model (the export, or its int8 form) as model.onnx;
+    return the settings `read_onnx` needs."""
+    (directory / ONNX_FILE).write_bytes(model_bytes)
+    return {
+        "file": ONNX_FILE,
+        "input_names": list(exported.input_names),
+        "output_names": list(exported.output_names),
+        "opset": exported.opset,
+    }
+
+
+def read_onnx(directory: Path, settings: dict) -> OnnxExport:
+    """The export back from a saved model.onnx, to preload as the "onnx" shared conversion."""
+    return OnnxExport(
+        model_bytes=(directory / settings["file"]).read_bytes(),
+        input_names=list(settings["input_names"]),
+        output_names=list(settings["output_names"]),
+        seconds=0.0,
+        opset=settings["opset"],
+    )
 
 
 def _convert(target: Target) -> OnnxExport:
