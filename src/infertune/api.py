@@ -107,8 +107,8 @@ def _optimize(
     entry = None
     if cache is not None:
         progress.stage("looking up the tuning cache")
-        entry = CacheEntry(Path(cache), source, signature, requested, options.saved())
-        hit = entry.load(source, signature, sample, options.saved(), progress)
+        entry = CacheEntry(Path(cache), source, signature, saved_options)
+        hit = entry.load(source, signature, sample, progress)
         if hit is not None:
             return hit
 
@@ -418,8 +418,7 @@ def _measure(
 
 def _select(results: list[CandidateResult], objective: str) -> tuple[CandidateResult, str]:
     """The fastest by the objective. Candidates not clearly slower than it (round by round,
-    see measure.clearly_slower) tie with it, and a tie goes to full precision, then the
-    smaller error (by decade), then the cheaper prepare."""
+    see measure.clearly_slower) tie with it; a tie is broken by _tie_key."""
     measured = [r for r in results if r.status == "ok" and r.latency is not None]
     if not measured:
         raise ModelError("No candidate could be measured, not even the model itself.")

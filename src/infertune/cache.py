@@ -68,9 +68,10 @@ class CacheEntry:
         directory: Path,
         source: ModelSource,
         signature: InputSignature,
-        backends: list[str] | None,
         options: dict,
     ):
+        """`options` are the saved tuning options (Optimized.options: tolerances, objective,
+        precision and the requested `backends`); they are part of the key."""
         from . import __version__
 
         inputs = signature.to_dict()
@@ -81,12 +82,13 @@ class CacheEntry:
             "infertune": __version__,
             "model": model_fingerprint(source, signature),
             "inputs": inputs,
-            "options": {**options, "backends": backends},
+            "options": options,
             "environment": fingerprint(collect_environment()),
         }
         blob = json.dumps(self.material, sort_keys=True).encode()
         self.key = hashlib.sha256(blob).hexdigest()[:32]
         self.path = Path(directory) / self.key
+        self.options = options
         self.note: str | None = None  # why an existing entry was not used
 
     def load(
@@ -94,7 +96,6 @@ class CacheEntry:
         source: ModelSource,
         signature: InputSignature,
         sample: list[np.ndarray],
-        options: dict,
         progress: Progress,
     ) -> Optimized | None:
         """The cached result, checked against the model on the sample; None on a miss."""
@@ -112,12 +113,12 @@ class CacheEntry:
                     warnings.simplefilter("ignore")  # the key holds the environment: it matched
                     opt = load(self.path)
             else:
-                opt = self._prepare_again(source, signature, outputs, reference, options)
+                opt = self._prepare_again(source, signature, outputs, reference)
         except Exception as exc:  # an entry that cannot be used is a miss, said, never an error
             return self._miss(f"was not usable ({one_line(exc)})", progress)
         try:
             found = compare_outputs(
-                opt._backend.run(sample), reference, options["rtol"], options["atol"]
+                opt._backend.run(sample), reference, self.options["rtol"], self.options["atol"]
             )
         except Exception as exc:  # a cached result that cannot run is a miss
             opt.close()
@@ -136,7 +137,7 @@ class CacheEntry:
         progress.say(f"tuning cache hit: {opt.backend} from {self.path}")
         return opt
 
-    def _prepare_again(self, source, signature, outputs, reference, options) -> Optimized:
+    def _prepare_again(self, source, signature, outputs, reference) -> Optimized:
         """A decision-only entry: the chosen candidate, prepared again from the model."""
         from .optimized import Optimized
 
@@ -149,10 +150,11 @@ class CacheEntry:
         if reason is not None:
             raise EnvironmentMismatchError(f"{name} cannot run here: {reason}")
         dtypes = [array.dtype for array in reference]
-        backend.prepare(Target(source, signature, outputs, dtypes, options["objective"]))
+        backend.prepare(Target(source, signature, outputs, dtypes, self.options["objective"]))
         report = Report.from_json(self.path / REPORT)
-        saved = {**options, "backends": decision.get("backends")}
-        return Optimized(backend, signature, outputs, report, output_dtypes=dtypes, options=saved)
+        return Optimized(
+            backend, signature, outputs, report, output_dtypes=dtypes, options=self.options
+        )
 
     def _miss(self, why: str, progress: Progress) -> None:
         self.note = f"the cached entry '{self.path}' {why}"
