@@ -57,9 +57,9 @@ class Optimized:
 
     def save(self, path: str | os.PathLike) -> Path:
         """Write this result to the directory `path` (new or empty): the chosen candidate's
-        artifact (model.onnx, model.savedmodel/ or model.keras) with its tuned settings, the
-        report as JSON, and a manifest with every file's sha256, the input and output
-        signature and the environment. `infertune.load(path)` restores it without tuning or
+        artifact (model.onnx, model.tflite, model.savedmodel/ or model.keras) with its tuned
+        settings, the report as JSON, and a manifest with every file's sha256, the input and
+        output signature and the environment. `infertune.load(path)` restores it without tuning or
         converting again. Raises ExportError for a candidate that cannot be saved."""
         from .saving import save
 
