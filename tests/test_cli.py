@@ -99,3 +99,20 @@ def test_errors_from_the_library_exit_1(tmp_path, capsys):
     (tmp_path / "bad.json").write_text("{}")
     assert main(["report", str(tmp_path / "bad.json")]) == 1
     assert "is not an infertune report" in capsys.readouterr().err
+
+
+def test_isolation_options_reach_optimize(tmp_path, capsys):
+    dense_model().save(tmp_path / "m.keras")
+    code = main(["optimize", str(tmp_path / "m.keras"), "--backends", "onnxruntime-cpu",
+                 "--isolation", "thread", "--candidate-timeout", "none", "--quiet",
+                 "--json", str(tmp_path / "r.json")])  # fmt: skip
+    assert code == 0
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert [c["status"] for c in report["candidates"]][1] in ("selected", "ok")
+
+
+@pytest.mark.parametrize("argv", [["--isolation", "fork"], ["--candidate-timeout", "0"]])
+def test_bad_isolation_options_are_usage_errors(argv, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["demo", *argv])
+    assert exit_.value.code == 2 and argv[0] in capsys.readouterr().err

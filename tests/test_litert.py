@@ -154,7 +154,7 @@ def test_op_without_a_builtin_fails_instead_of_using_tensorflow_kernels():
     opt = infertune.optimize(fn, sample, backends=[LiteRT()], verbose=False)
     result = opt.report.candidate("litert")
     assert result.status == "failed"
-    assert result.reason.startswith("prepare:"), result.reason
+    assert result.reason.startswith("conversion:"), result.reason
     # Inverting 2*I is exact in float32: any working fallback returns exactly I/2.
     np.testing.assert_array_equal(opt(sample), sample / 4)
 

@@ -21,11 +21,21 @@ from .diagnosis import diagnose
 from .environment import collect_environment
 from .errors import InputError, ModelError, OptionError, one_line
 from .inputs import InputSignature, build_signature
+from .isolation import (
+    DEFAULT_CANDIDATE_TIMEOUT_S,
+    ISOLATIONS,
+    CandidateCrashed,
+    CandidateTimeout,
+    Isolation,
+    RehearsalError,
+    RehearsalUnavailable,
+)
 from .measure import clearly_slower, measure_interleaved, time_once, warm_up
 from .models import ModelSource, load_model
 from .optimized import Optimized
 from .progress import Progress
 from .report import CandidateResult, Report
+from .resources import release_freed_memory
 from .target import Target
 from .verify import Comparison, compare_outputs
 
@@ -57,6 +67,8 @@ def optimize(
     time_budget_s: float | None = None,
     precision: Iterable[str] = ("fp32",),
     cache: str | os.PathLike | None = None,
+    isolation: str = "process",
+    candidate_timeout_s: float | None = DEFAULT_CANDIDATE_TIMEOUT_S,
     verbose: bool = True,
 ) -> Optimized:
     """Try every candidate backend that can run here and return the fastest correct one.
@@ -79,12 +91,21 @@ def optimize(
             (definition and weights), input signature, options and environment is loaded
             from it, checked on the sample and returned without tuning (`report.from_cache`);
             otherwise the new result is stored there. See docs/deploy.md.
+        isolation: how a candidate that crashes or hangs is contained. "process" (default):
+            native runtimes (ONNX Runtime, OpenVINO, LiteRT) first compile and run the
+            verification inputs in a child process, so a segfault or an out-of-memory kill
+            there makes the candidate `failed`, not the caller's process die; every stage
+            also has the deadline below. "thread": the deadline only. "off": neither.
+        candidate_timeout_s: seconds one candidate may take to convert, compile, run first
+            and verify; past it, it is reported `timeout`. None: no limit.
         verbose: progress lines on stderr.
 
     Returns:
         An `Optimized` callable; its `.report` says what was tried and why it was chosen.
     """
-    options = _Options.checked(rtol, atol, objective, time_budget_s, precision)
+    options = _Options.checked(
+        rtol, atol, objective, time_budget_s, precision, isolation, candidate_timeout_s
+    )
     if cache is not None and not isinstance(cache, str | os.PathLike):
         raise OptionError(
             f"cache must be a directory path or None. Received: cache={cache!r} of type "
@@ -118,17 +139,13 @@ def _optimize(
     checks = _checks(source, signature, sample, reference, progress)
 
     results: list[CandidateResult] = []
-    contenders: dict[str, Backend] = {}
-    for backend in candidates:
-        result = CandidateResult(name=backend.name, status="ok", precision=backend.precision)
-        results.append(result)
-        if not _admitted(backend, result, options, is_reference=backend is candidates[0]):
-            continue
-        first = first_call_s if backend is candidates[0] else None
-        if _prepare_and_verify(backend, target, checks, result, options, progress, first):
-            contenders[backend.name] = backend
-        else:
-            backend.close()
+    isolation = Isolation(options.isolation, options.candidate_timeout_s)
+    try:
+        contenders = _prepare_all(candidates, target, checks, results, options, progress, isolation)
+    finally:
+        isolation.close()
+    results[0].first_call_ms = 1e3 * first_call_s  # the model's own first call, on the sample
+    del candidates  # from here on, a rejected candidate is referenced by nobody
     if results[0].status != "ok":
         raise ModelError(
             f"The model does not reproduce its own outputs on the same input "
@@ -138,9 +155,11 @@ def _optimize(
 
     _measure(contenders, sample, results, signature, options.measure_budget(), progress)
     chosen, why = _select(results, options.objective)
-    for name, backend in contenders.items():
-        if name != chosen.name:
-            backend.close()
+    kept = contenders.pop(chosen.name)
+    for rejected in contenders.values():
+        rejected.close()
+    contenders.clear()
+    release_freed_memory()  # what the rejected candidates held goes back to the OS
     progress.stage("diagnosis: counting the arithmetic, measuring the machine's peak")
     environment = collect_environment()
     diagnosis = diagnose(source, signature, sample, results, chosen.name, environment)
@@ -156,12 +175,12 @@ def _optimize(
         selected=chosen.name,
         selection_reason=why,
         total_s=progress.elapsed(),
-        notes=_notes(target, checks),
+        notes=_notes(target, checks) + isolation.notes,
         diagnosis=diagnosis,
     )
     progress.say(f"selected {chosen.name}: {why}")
     opt = Optimized(
-        contenders[chosen.name],
+        kept,
         signature,
         outputs,
         report,
@@ -190,9 +209,20 @@ class _Options:
     time_budget_s: float | None
     precisions: tuple[str, ...]
     deadline: float
+    isolation: str = "process"
+    candidate_timeout_s: float | None = DEFAULT_CANDIDATE_TIMEOUT_S
 
     @classmethod
-    def checked(cls, rtol, atol, objective, time_budget_s, precision) -> _Options:
+    def checked(
+        cls,
+        rtol,
+        atol,
+        objective,
+        time_budget_s,
+        precision,
+        isolation="process",
+        candidate_timeout_s=DEFAULT_CANDIDATE_TIMEOUT_S,
+    ) -> _Options:
         numbers = isinstance(rtol, int | float) and isinstance(atol, int | float)
         if not (numbers and rtol >= 0 and atol >= 0):
             raise OptionError(
@@ -213,8 +243,28 @@ class _Options:
             raise OptionError(
                 f"precision must be a subset of {PRECISIONS}. Received: {precision!r}."
             )
+        if isolation not in ISOLATIONS:
+            raise OptionError(
+                f"isolation must be one of {ISOLATIONS}. Received: isolation={isolation!r}."
+            )
+        if candidate_timeout_s is not None and not (
+            isinstance(candidate_timeout_s, int | float) and candidate_timeout_s > 0
+        ):
+            raise OptionError(
+                f"candidate_timeout_s must be a positive number or None. Received: "
+                f"{candidate_timeout_s!r}."
+            )
         deadline = math.inf if time_budget_s is None else time.perf_counter() + time_budget_s
-        return cls(rtol, atol, objective, time_budget_s, precisions, deadline)
+        return cls(
+            rtol,
+            atol,
+            objective,
+            time_budget_s,
+            precisions,
+            deadline,
+            isolation,
+            candidate_timeout_s,
+        )
 
     def saved(self) -> dict:
         """The options that decide the tuned result, as JSON (for save() and the cache key);
@@ -325,6 +375,34 @@ def _checks(
     return checks
 
 
+def _prepare_all(
+    candidates: list[Backend],
+    target: Target,
+    checks: list[_Check],
+    results: list[CandidateResult],
+    options: _Options,
+    progress: Progress,
+    isolation: Isolation,
+) -> dict[str, Backend]:
+    """Prepare and verify each candidate in turn; return those that passed, by name."""
+    contenders: dict[str, Backend] = {}
+    for backend in candidates:
+        result = CandidateResult(name=backend.name, status="ok", precision=backend.precision)
+        results.append(result)
+        is_reference = backend is candidates[0]
+        if not _admitted(backend, result, options, is_reference):
+            continue
+        # The model itself runs as the caller runs it, in this thread, with no deadline.
+        where = Isolation("off", None) if is_reference else isolation
+        if _prepare_and_verify(backend, target, checks, result, options, progress, where):
+            contenders[backend.name] = backend
+        elif result.status != "timeout":  # a timed-out stage may still be using it
+            backend.close()
+        if is_reference:
+            isolation.start()  # the child's imports overlap the next candidate's export
+    return contenders
+
+
 def _prepare_and_verify(
     backend: Backend,
     target: Target,
@@ -332,36 +410,68 @@ def _prepare_and_verify(
     result: CandidateResult,
     options: _Options,
     progress: Progress,
-    first_call_s: float | None,
+    isolation: Isolation,
 ) -> bool:
-    """Prepare one candidate, time its first call, verify it on every check. True if it passed."""
+    """Prepare one candidate, time its first call, verify it on every check. True if it passed.
+
+    Every stage runs under `isolation`: before its deadline, and for a backend rehearsed in a
+    child process, only once the child has compiled and run it on every check and survived.
+    """
     name = backend.name
     stage = "prepare"
+    deadline = isolation.deadline()
     try:
-        progress.stage(f"{name}: preparing")
         # prepare_s counts the shared conversions it used (the ONNX export) whoever paid them,
         # so that every ONNX-based candidate shows what it costs on its own.
         used_before, paid_before = len(target.used), target.shared_seconds(target.used)
-        _, seconds = time_once(lambda: backend.prepare(target))
+        seconds = 0.0
+        if isolation.rehearses(backend):
+            stage = "conversion"
+            progress.stage(f"{name}: converting")
+            _, seconds = time_once(
+                lambda: isolation.call(lambda: backend.convert(target), deadline, stage)
+            )
+            stage = "rehearsal"
+            progress.stage(f"{name}: compiling and running in a child process first")
+            try:
+                isolation.rehearse(backend, target, [c.inputs for c in checks], deadline)
+            except RehearsalUnavailable as exc:
+                isolation.mode = "thread"
+                isolation.notes.append(f"isolation fell back to threads: {exc}")
+            stage = "prepare"
+        progress.stage(f"{name}: preparing")
+        _, prepared = time_once(
+            lambda: isolation.call(lambda: backend.prepare(target), deadline, stage)
+        )
         used = target.used[used_before:]
         paid_here = target.shared_seconds(target.used) - paid_before
-        result.prepare_s = seconds - paid_here + target.shared_seconds(used)
+        result.prepare_s = seconds + prepared - paid_here + target.shared_seconds(used)
         stage = "first call"
         progress.stage(f"{name}: first call")
-        outputs, seconds = time_once(lambda: backend.run(checks[0].inputs))
-        result.first_call_ms = 1e3 * (first_call_s if first_call_s is not None else seconds)
+        outputs, seconds = time_once(
+            lambda: isolation.call(lambda: backend.run(checks[0].inputs), deadline, stage)
+        )
+        result.first_call_ms = 1e3 * seconds
         stage = "verification"
         progress.stage(f"{name}: verifying on {len(checks)} inputs")
         comparison = Comparison(True, "")
         for check in checks:
             if check is not checks[0]:
-                outputs = backend.run(check.inputs)
+                outputs = isolation.call(lambda c=check: backend.run(c.inputs), deadline, stage)
             found = compare_outputs(outputs, check.reference, options.rtol, options.atol)
             if not found:
                 found = Comparison(
                     False, f"on {check.label}: {found.reason}", found.max_abs_err, found.max_rel_err
                 )
             comparison = comparison.merged(found)
+    except CandidateTimeout as exc:
+        result.status, result.reason = "timeout", str(exc)
+        progress.say(f"{name}: timed out: {result.reason}")
+        return False
+    except (CandidateCrashed, RehearsalError) as exc:
+        result.status, result.reason = "failed", str(exc)
+        progress.say(f"{name}: {result.reason}")
+        return False
     except Exception as exc:  # a candidate's failure is reported, never raised
         result.status, result.reason = "failed", f"{stage}: {one_line(exc)}"
         progress.say(f"{name}: failed at {result.reason}")

@@ -131,6 +131,12 @@ def _tuning_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--atol", type=float, default=1e-5)
     parser.add_argument("--budget", type=float, default=None, metavar="SECONDS",
                         help="time budget for the whole optimization")  # fmt: skip
+    parser.add_argument("--isolation", choices=("process", "thread", "off"), default="process",
+                        help="how a crashing or hanging candidate is contained (default: "
+                        "process, native runtimes rehearsed in a child process)")  # fmt: skip
+    parser.add_argument("--candidate-timeout", type=_timeout, default=300.0, metavar="SECONDS",
+                        help="seconds one candidate may take to prepare and verify, or 'none' "
+                        "(default 300)")  # fmt: skip
     parser.add_argument("--json", metavar="FILE", help="also write the report as JSON")
     parser.add_argument("--save", metavar="DIR",
                         help="save the result (artifact, settings, report, manifest) in a new "
@@ -202,6 +208,8 @@ def _tune_and_print(model, sample, args: argparse.Namespace) -> int:
         atol=args.atol,
         time_budget_s=args.budget,
         cache=args.cache,
+        isolation=args.isolation,
+        candidate_timeout_s=args.candidate_timeout,
         verbose=not args.quiet,
     )
     print(opt.report)
@@ -255,6 +263,15 @@ def _env(args: argparse.Namespace) -> int:
 
 
 # -- argument parsing -----------------------------------------------------------------------
+def _timeout(text: str) -> float | None:
+    if text.lower() == "none":
+        return None
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0 seconds or 'none', got {text}")
+    return value
+
+
 def _positive_int(text: str) -> int:
     value = int(text)
     if value < 1:

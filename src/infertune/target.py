@@ -33,16 +33,25 @@ class Target:
     _shared: dict[str, Any] = field(default_factory=dict, repr=False)
     _seconds: dict[str, float] = field(default_factory=dict, repr=False)
     used: list[str] = field(default_factory=list, repr=False)  # keys, in order of use
+    _building: set[str] = field(default_factory=set, repr=False)
 
     def shared(self, key: str, build: Callable[[], Any]) -> Any:
         """Build a conversion once and share it (or its failure) between backends."""
         self.used.append(key)
+        if key in self._building:  # a candidate's deadline passed while it was being built
+            raise RuntimeError(
+                f"the shared {key!r} conversion is still running, abandoned by an earlier "
+                f"candidate that timed out"
+            )
         if key not in self._shared:
+            self._building.add(key)
             start = time.perf_counter()
             try:
                 self._shared[key] = (True, build())
             except Exception as exc:
                 self._shared[key] = (False, exc)
+            finally:
+                self._building.discard(key)
             self._seconds[key] = time.perf_counter() - start
         ok, value = self._shared[key]
         if not ok:

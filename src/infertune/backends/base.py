@@ -15,6 +15,14 @@ returns a prepared backend from them, without TensorFlow where the runtime does 
 The manifest stores the class's `name` (the part before any `:variant`), which picks the
 class back from the registry (backends/__init__.py `backend_class`). A backend that does not
 write them cannot be saved, and says so.
+
+Isolation (isolation.py): a native runtime that segfaults or hangs while it compiles or first
+runs the model must not take optimize() down. A backend that sets `rehearse_in_child` splits
+prepare() in two: `convert(target)` builds, in this process, what needs TensorFlow (the ONNX
+export, the TFLite conversion), after which `save_artifact` already works; the pipeline then
+rebuilds the backend from those files with `load_artifact` in a child process without
+TensorFlow and runs the verification inputs there first. Only when the child survives does
+prepare() compile the same files here.
 """
 
 from __future__ import annotations
@@ -47,10 +55,19 @@ class Backend(ABC):
     # work). The measurement waits that long before timing another candidate, which would
     # otherwise run on fewer cores than it has in production.
     cooldown_s: float = 0.0
+    # Whether the compile and first run can be rehearsed in a child process (see above):
+    # convert() then save_artifact() work before prepare(), and load_artifact() needs no
+    # TensorFlow.
+    rehearse_in_child: ClassVar[bool] = False
 
     def available(self) -> str | None:
         """None if this backend can run here, else a one-line reason why not."""
         return None
+
+    def convert(self, target: Target) -> None:
+        """Build what prepare() needs from TensorFlow (exports, conversions), without loading it
+        into the runtime. Backends that set `rehearse_in_child` implement it; prepare() calls
+        it again (shared conversions are built once)."""
 
     @abstractmethod
     def prepare(self, target: Target) -> None:

@@ -74,6 +74,7 @@ class OnnxRuntimeCpu(Backend):
     name = "onnxruntime-cpu"
     provider = "CPUExecutionProvider"
     runtime_packages = ("onnxruntime",)
+    rehearse_in_child = True
 
     def __init__(self, settings: OrtSettings | None = None):
         self.settings = settings or OrtSettings()
@@ -93,11 +94,15 @@ class OnnxRuntimeCpu(Backend):
     def model_bytes(self, target: Target) -> bytes:
         return export_onnx(target).model_bytes
 
+    def convert(self, target: Target) -> None:
+        exported = export_onnx(target)
+        self._saved = (self.model_bytes(target), exported)  # what save_artifact writes
+
     def prepare(self, target: Target) -> None:
         import onnxruntime
 
-        exported = export_onnx(target)
-        model_bytes = self.model_bytes(target)
+        self.convert(target)
+        model_bytes, exported = self._saved
         self._session = onnxruntime.InferenceSession(
             model_bytes, self.settings.session_options(), providers=[self.provider]
         )
@@ -106,7 +111,6 @@ class OnnxRuntimeCpu(Backend):
             raise RuntimeError(f"ONNX Runtime used {used[0]} instead of {self.provider}")
         self._input_names = exported.input_names
         self._output_names = exported.output_names
-        self._saved = (model_bytes, exported)  # what save_artifact writes
 
     def run(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
         return self._session.run(self._output_names, dict(zip(self._input_names, inputs)))

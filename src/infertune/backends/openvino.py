@@ -47,6 +47,7 @@ class OpenVinoCpu(Backend):
     precision = "fp32"
     requires = "openvino"
     runtime_packages = ("openvino",)
+    rehearse_in_child = True
     inference_precision: ClassVar[str] = "f32"  # an openvino.Type name
 
     def __init__(self, performance_hint: str | None = None):
@@ -65,13 +66,16 @@ class OpenVinoCpu(Backend):
             return f"openvino is not installed; {_INSTALL}"
         return None
 
+    def convert(self, target: Target) -> None:
+        self._exported = export_onnx(target)  # what save_artifact writes
+        self.hint = self._hint(target)  # the PERFORMANCE_HINT compiled with
+
     def prepare(self, target: Target) -> None:
         import openvino
         import openvino.properties.hint as hints
 
-        exported = export_onnx(target)
-        self._exported = exported  # what save_artifact writes
-        self.hint = self._hint(target)  # the PERFORMANCE_HINT compiled with
+        self.convert(target)
+        exported = self._exported
         core = _core()
         # The ONNX frontend reads the serialized ModelProto from memory: no temporary file.
         model = core.read_model(exported.model_bytes)
@@ -127,6 +131,7 @@ class OpenVinoCpu(Backend):
     def close(self) -> None:
         self._request = None
         self._compiled = None
+        self._inputs = self._outputs = []  # ports keep their compiled model alive
         self._exported = None
 
     def save_artifact(self, directory: Path) -> dict:

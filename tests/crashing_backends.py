@@ -1,0 +1,84 @@
+"""Candidates that really crash or hang, for tests/test_isolation.py.
+
+They live in their own module, importable without TensorFlow, because the child process that
+rehearses a candidate imports the candidate's class by module and name.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+from infertune.backends.base import Backend, Target
+
+# Set by the tests at teardown so that an abandoned in-process hang ends.
+RELEASE = threading.Event()
+
+
+class _FromNothing(Backend):
+    """A backend with nothing to convert or save: the child rebuilds it from its class."""
+
+    rehearse_in_child = True
+
+    def prepare(self, target: Target) -> None:
+        self._outputs = target.output_dtypes
+
+    def run(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
+        raise NotImplementedError
+
+    def save_artifact(self, directory: Path) -> dict:
+        return {}
+
+    @classmethod
+    def load_artifact(cls, directory: Path, settings: dict, target: Target) -> Backend:
+        backend = cls()
+        backend.prepare(target)
+        return backend
+
+
+class SegfaultsAtFirstCall(_FromNothing):
+    """Reads address 0 at its first call: a real SIGSEGV, as from a native runtime's bug."""
+
+    name = "segfaults-at-first-call"
+
+    def run(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
+        ctypes.string_at(0)
+        raise AssertionError("unreachable: reading address 0 kills the process")
+
+
+class HangsAtCompile(_FromNothing):
+    """Never finishes loading, as a runtime stuck in its compiler would."""
+
+    name = "hangs-at-compile"
+
+    @classmethod
+    def load_artifact(cls, directory: Path, settings: dict, target: Target) -> Backend:
+        time.sleep(3600)
+        raise AssertionError("unreachable")
+
+
+class RaisesInChild(_FromNothing):
+    """Raises a Python exception at its first call."""
+
+    name = "raises-at-first-call"
+
+    def run(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
+        raise RuntimeError("unsupported operator Foo")
+
+
+class HangsInProcess(Backend):
+    """A candidate not rehearsed in a child (as the TensorFlow candidates) whose first call
+    hangs until RELEASE is set."""
+
+    name = "hangs-in-process"
+
+    def prepare(self, target: Target) -> None:
+        pass
+
+    def run(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
+        RELEASE.wait()
+        raise RuntimeError("released")

@@ -1,0 +1,132 @@
+"""Crashes and hangs contained: optimize() survives a candidate that really segfaults or hangs.
+
+The crashing candidates (tests/crashing_backends.py) are real: one reads address 0 (SIGSEGV),
+one sleeps for an hour. Without isolation either would kill or block this test process.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+import pytest
+from conftest import dense_model
+from crashing_backends import (
+    RELEASE,
+    HangsAtCompile,
+    HangsInProcess,
+    RaisesInChild,
+    SegfaultsAtFirstCall,
+)
+
+import infertune
+from infertune.errors import OptionError
+
+
+@pytest.fixture
+def model_and_sample(rng):
+    return dense_model(), rng.standard_normal((4, 6)).astype(np.float32)
+
+
+def _by_name(opt):
+    return {c.name: c for c in opt.report.candidates}
+
+
+def test_a_segfaulting_candidate_is_failed_and_the_next_one_still_runs(model_and_sample):
+    model, x = model_and_sample
+    opt = infertune.optimize(
+        model, x, backends=[SegfaultsAtFirstCall(), "onnxruntime-cpu"], verbose=False
+    )
+    crashed = _by_name(opt)["segfaults-at-first-call"]
+    assert crashed.status == "failed"
+    assert "SIGSEGV" in crashed.reason and "first call" in crashed.reason
+    # A fresh child rehearsed the next candidate; it was verified and measured.
+    assert _by_name(opt)["onnxruntime-cpu"].status in ("selected", "ok")
+    np.testing.assert_allclose(opt(x), model(x), rtol=1e-5, atol=1e-6)
+
+
+def test_a_candidate_that_hangs_in_its_compiler_times_out(model_and_sample):
+    model, x = model_and_sample
+    start = time.perf_counter()
+    opt = infertune.optimize(
+        model,
+        x,
+        backends=[HangsAtCompile(), "onnxruntime-cpu"],
+        candidate_timeout_s=3,
+        verbose=False,
+    )
+    hung = _by_name(opt)["hangs-at-compile"]
+    assert hung.status == "timeout"
+    assert "compile" in hung.reason and "candidate_timeout_s=3" in hung.reason
+    assert _by_name(opt)["onnxruntime-cpu"].status in ("selected", "ok")
+    assert time.perf_counter() - start < 60  # not the hour the candidate sleeps
+
+
+def test_a_python_error_in_the_child_is_reported_with_its_message(model_and_sample):
+    model, x = model_and_sample
+    opt = infertune.optimize(model, x, backends=[RaisesInChild()], verbose=False)
+    failed = _by_name(opt)["raises-at-first-call"]
+    assert failed.status == "failed"
+    assert "unsupported operator Foo" in failed.reason and "child process" in failed.reason
+
+
+def test_a_hang_inside_this_process_times_out_with_thread_isolation(model_and_sample):
+    model, x = model_and_sample
+    try:
+        opt = infertune.optimize(
+            model,
+            x,
+            backends=[HangsInProcess()],
+            isolation="thread",
+            candidate_timeout_s=1,
+            verbose=False,
+        )
+    finally:
+        RELEASE.set()  # let the abandoned thread end
+    hung = _by_name(opt)["hangs-in-process"]
+    assert hung.status == "timeout" and "first call" in hung.reason
+    assert opt.backend == "keras-eager"
+
+
+def test_no_child_process_with_isolation_off(model_and_sample, monkeypatch):
+    import subprocess
+
+    def no_child(*args, **kwargs):
+        raise AssertionError("isolation='off' started a child process")
+
+    monkeypatch.setattr(subprocess, "Popen", no_child)
+    model, x = model_and_sample
+    opt = infertune.optimize(model, x, backends=["onnxruntime-cpu"], isolation="off", verbose=False)
+    assert _by_name(opt)["onnxruntime-cpu"].status in ("selected", "ok")
+
+
+@pytest.mark.parametrize(("option", "value"), [("isolation", "fork"), ("candidate_timeout_s", 0)])
+def test_bad_isolation_options_are_refused(model_and_sample, option, value):
+    model, x = model_and_sample
+    with pytest.raises(OptionError, match=option):
+        infertune.optimize(model, x, verbose=False, **{option: value})
+
+
+def test_the_child_process_is_gone_after_optimize(model_and_sample):
+    model, x = model_and_sample
+    infertune.optimize(model, x, backends=["onnxruntime-cpu"], verbose=False)
+    children = _children(os.getpid())
+    assert not any("rehearsal_child" in command for command in children), children
+
+
+def _children(pid: int) -> list[str]:
+    """Command lines of the live child processes of `pid` (Linux /proc)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as stat:
+                parent = int(stat.read().rsplit(")", 1)[1].split()[1])
+            if parent == pid:
+                with open(f"/proc/{entry}/cmdline", "rb") as cmdline:
+                    found.append(cmdline.read().replace(b"\0", b" ").decode())
+        except (OSError, ValueError, IndexError):
+            continue
+    return found
