@@ -101,17 +101,22 @@ class Optimized:
 def _calling(run: Callable, signature: InputSignature, outputs: Structure) -> Callable:
     """The call path: check and flatten the input, run, rebuild the output structure.
 
-    One array in and one out (most models) takes a path that costs one comparison over
-    calling the runtime: on a 10-microsecond model, each Python call here is 1-2%.
+    One array in and one out (most models) takes a path that checks the input in a few
+    comparisons: on a 15-microsecond model, each 0.1 us here is 0.7%. An array of the shape
+    it was tuned at needs one shape comparison (about 0.09 us less than checking the rank
+    and the feature shape apart, as another batch size needs).
     """
     flatten, pack = signature.flatten, outputs.packer()
     fast = signature.fast_check  # (dtype, feature shape) when one comparison suffices
     if outputs.kind == "leaf" and fast is not None:
         dtype, features = fast
         rank = len(features) + 1
+        tuned = (signature.sample_batch, *features)
         ndarray = np.ndarray
 
         def call_one(x: Any) -> Any:
+            if type(x) is ndarray and x.shape == tuned and x.dtype is dtype:
+                return run([x])[0]
             fits = type(x) is ndarray and x.dtype is dtype and x.ndim == rank
             if fits and x.shape[1:] == features:
                 return run([x])[0]
