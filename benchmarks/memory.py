@@ -1,11 +1,15 @@
 """Memory after optimize(): what the rejected candidates held must be released.
 
-python benchmarks/memory.py [--model mobilenet-v2] [--batch 1] [--json FILE]
+python benchmarks/memory.py [--model mobilenet-v2|dense-MB] [--batch 1] [--backends A,B]
+                            [--json FILE]
 
 Two fresh processes, each building the demo model and calling it once before it measures its
 resident memory (VmRSS): one runs optimize() over every candidate, the other optimize() with
 only the candidate the first one chose. What the first process holds beyond the second is what
 the rejected candidates left behind. Both also report the temporary files left by optimize().
+A third process runs every candidate with the final heap trim turned off (resources.py), to
+show what the trim returns to the OS. `--model dense-100` is three Dense layers holding 100 MB
+of weights: what stays behind should not grow with the model.
 """
 
 from __future__ import annotations
@@ -25,7 +29,11 @@ tmp = tempfile.mkdtemp(prefix="memory-bench-")
 tempfile.tempdir = tmp  # every temporary file infertune writes lands here
 import numpy as np
 import infertune
+import infertune.resources
 from infertune.demo import demo_model
+
+if {no_trim!r}:  # what optimize() would hold without handing freed heap back to the OS
+    infertune.resources._malloc_trim = lambda: None
 
 def rss_mb():
     # resident memory: all of it, and the anonymous part (heap, not library code)
@@ -37,22 +45,44 @@ def rss_mb():
                 found[key] = int(value.split()[0]) / 1024
     return found
 
-model, x = demo_model({model!r}, batch={batch!r})
+def dense(megabytes, batch):
+    # three square float32 Dense layers holding about `megabytes` of weights
+    import keras
+    width = int((megabytes * 2**20 / 4 / 3) ** 0.5)
+    layers = [keras.layers.Dense(width) for _ in range(3)]
+    model = keras.Sequential([keras.Input((width,)), *layers])
+    return model, np.random.default_rng(0).random((batch or 1, width), dtype=np.float32)
+
+name = {model!r}
+if name.startswith("dense-"):
+    model, x = dense(int(name.split("-")[1]), {batch!r})
+else:
+    model, x = demo_model(name, batch={batch!r})
 model(x)
 gc.collect()
 before = rss_mb()
-opt = infertune.optimize(model, x, backends={backends!r}, verbose=False)
-gc.collect()
-after = rss_mb()
+after, dropped, chosen = [], [], []
+for backends in {runs!r}:  # one optimize() per entry, in this one process
+    opt = infertune.optimize(model, x, backends=backends, verbose=False)
+    gc.collect()
+    after.append(rss_mb())  # with the result alive
+    chosen.append(opt.backend)
+    del opt
+    infertune.resources.release_freed_memory()
+    dropped.append(rss_mb())  # what the run left behind once its result is gone
 left = sorted(os.listdir(tmp))
-print(json.dumps({{"before_mb": before, "after_mb": after, "chosen": opt.backend,
-                  "tmp_files_left": left}}))
+print(json.dumps({{"before_mb": before, "after_mb": after, "dropped_mb": dropped,
+                  "chosen": chosen, "tmp_files_left": left}}))
 """
 
 
-def measure(model: str, batch: int | None, backends: list[str] | None) -> dict:
-    """Run one child process; return what it measured."""
-    code = textwrap.dedent(CHILD.format(model=model, batch=batch, backends=backends))
+def measure(
+    model: str, batch: int | None, runs: list[list[str] | None], no_trim: bool = False
+) -> dict:
+    """Run one child process that calls optimize(backends=r) for each r in `runs`; return
+    what it measured, per run: `after_mb` with its result alive, `dropped_mb` once the result
+    is dropped and freed, and `chosen`."""
+    code = textwrap.dedent(CHILD.format(model=model, batch=batch, runs=runs, no_trim=no_trim))
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"the measuring process failed:\n{done.stderr[-3000:]}")
@@ -61,16 +91,20 @@ def measure(model: str, batch: int | None, backends: list[str] | None) -> dict:
 
 def compare(model: str, batch: int | None, backends: list[str] | None = None) -> dict:
     """Every candidate (or `backends`) against the chosen one alone, in two fresh processes."""
-    every = measure(model, batch, backends)
-    alone = measure(model, batch, [every["chosen"]])
-    result = {"model": model, "batch": batch, "chosen": every["chosen"]}
+    every = measure(model, batch, [backends])
+    chosen = every["chosen"][0]
+    alone = measure(model, batch, [[chosen]])
+    untrimmed = measure(model, batch, [backends], no_trim=True)
+    result = {"model": model, "batch": batch, "chosen": chosen}
     for kind in ("VmRSS", "RssAnon"):
-        grown_every = every["after_mb"][kind] - every["before_mb"][kind]
-        grown_alone = alone["after_mb"][kind] - alone["before_mb"][kind]
+        grown_every = every["after_mb"][0][kind] - every["before_mb"][kind]
+        grown_alone = alone["after_mb"][0][kind] - alone["before_mb"][kind]
         result[kind] = {
             "grown_every_candidate_mb": grown_every,
             "grown_chosen_alone_mb": grown_alone,
             "left_by_rejected_mb": grown_every - grown_alone,
+            "grown_every_candidate_without_trim_mb": untrimmed["after_mb"][0][kind]
+            - untrimmed["before_mb"][kind],
         }
     left = every["tmp_files_left"] + alone["tmp_files_left"]
     # TensorFlow's autograph writes the source of every converted function to a temporary
@@ -83,22 +117,57 @@ def compare(model: str, batch: int | None, backends: list[str] | None = None) ->
 AUTOGRAPH = "__autograph_generated_file"
 
 
+def per_candidate(model: str, batch: int | None, rounds: int = 2) -> list[dict]:
+    """One process: optimize() with one candidate at a time, every candidate in turn, for
+    `rounds` rounds; the anonymous memory each run left behind once its result was dropped.
+    The first round shows what each runtime keeps once it has run; later rounds, whether
+    anything grows with every call."""
+    import infertune
+
+    names = [n for n in infertune.available_backends()[1:] if not n.endswith(("int8", "bf16"))]
+    measured = measure(model, batch, [[name] for name in names] * rounds)
+    rows, previous = [], measured["before_mb"]["RssAnon"]
+    for i, dropped in enumerate(measured["dropped_mb"]):
+        rows.append(
+            {
+                "round": i // len(names) + 1,
+                "candidate": names[i % len(names)],
+                "left_mb": dropped["RssAnon"] - previous,
+            }
+        )
+        previous = dropped["RssAnon"]
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", default="mobilenet-v2")
     parser.add_argument("--batch", type=int, default=None)
     parser.add_argument("--backends", help="comma-separated candidates (default: every one)")
+    parser.add_argument("--per-candidate", action="store_true",
+                        help="instead: what each candidate leaves behind, one at a time, "
+                        "in one process, two rounds")  # fmt: skip
     parser.add_argument("--json", help="write the result here as JSON")
     args = parser.parse_args()
+    if args.per_candidate:
+        rows = per_candidate(args.model, args.batch)
+        print(f"{args.model}: anonymous memory left behind by each optimize(backends=[one])")
+        for row in rows:
+            print(f"  round {row['round']}  {row['candidate']:28s} {row['left_mb']:+7.1f} MB")
+        if args.json:
+            with open(args.json, "w") as out:
+                json.dump({"model": args.model, "per_candidate": rows}, out, indent=2)
+        return
     backends = args.backends.split(",") if args.backends else None
     result = compare(args.model, args.batch, backends)
     print(f"{result['model']}, chosen {result['chosen']}; resident memory after optimize():")
-    print("              every candidate  chosen alone  left by the rejected")
+    print("              every candidate  chosen alone  left by the rejected  without trim")
     for kind in ("VmRSS", "RssAnon"):
         r = result[kind]
         print(
             f"  {kind:8s}  {r['grown_every_candidate_mb']:+12.1f} MB  "
-            f"{r['grown_chosen_alone_mb']:+9.1f} MB  {r['left_by_rejected_mb']:+13.1f} MB"
+            f"{r['grown_chosen_alone_mb']:+9.1f} MB  {r['left_by_rejected_mb']:+13.1f} MB  "
+            f"{r['grown_every_candidate_without_trim_mb']:+9.1f} MB"
         )
     print(
         f"temporary files left: {result['tmp_files_left'] or 'none'} (besides "

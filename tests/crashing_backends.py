@@ -20,9 +20,8 @@ RELEASE = threading.Event()
 
 
 class _FromNothing(Backend):
-    """A backend with nothing to convert or save: the child rebuilds it from its class."""
-
-    rehearse_in_child = True
+    """A backend with nothing to convert or save: the child rebuilds it from its class.
+    Each subclass opts in to the rehearsal itself: the setting is not inherited."""
 
     def prepare(self, target: Target) -> None:
         self._outputs = target.output_dtypes
@@ -44,6 +43,7 @@ class SegfaultsAtFirstCall(_FromNothing):
     """Reads address 0 at its first call: a real SIGSEGV, as from a native runtime's bug."""
 
     name = "segfaults-at-first-call"
+    rehearse_in_child = True
 
     def run(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
         ctypes.string_at(0)
@@ -54,6 +54,7 @@ class HangsAtCompile(_FromNothing):
     """Never finishes loading, as a runtime stuck in its compiler would."""
 
     name = "hangs-at-compile"
+    rehearse_in_child = True
 
     @classmethod
     def load_artifact(cls, directory: Path, settings: dict, target: Target) -> Backend:
@@ -65,6 +66,7 @@ class RaisesInChild(_FromNothing):
     """Raises a Python exception at its first call."""
 
     name = "raises-at-first-call"
+    rehearse_in_child = True
 
     def run(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
         raise RuntimeError("unsupported operator Foo")
@@ -82,3 +84,16 @@ class HangsInProcess(Backend):
     def run(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
         RELEASE.wait()
         raise RuntimeError("released")
+
+
+class NotImportableInChild(_FromNothing):
+    """Claims a module the child cannot import: it runs in this process, unrehearsed."""
+
+    name = "not-importable-in-child"
+    rehearse_in_child = True
+
+    def run(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
+        return [np.zeros((len(inputs[0]), 3), np.float32)]
+
+
+NotImportableInChild.__module__ = "a_module_only_the_parent_has"

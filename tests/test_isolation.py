@@ -16,6 +16,7 @@ from crashing_backends import (
     RELEASE,
     HangsAtCompile,
     HangsInProcess,
+    NotImportableInChild,
     RaisesInChild,
     SegfaultsAtFirstCall,
 )
@@ -89,6 +90,33 @@ def test_a_hang_inside_this_process_times_out_with_thread_isolation(model_and_sa
     assert opt.backend == "keras-eager"
 
 
+def test_without_a_usable_python_executable_isolation_falls_back_to_threads(
+    model_and_sample, monkeypatch
+):
+    import sys
+
+    monkeypatch.setattr(sys, "executable", "/usr/sbin/uwsgi")  # an embedding host
+    model, x = model_and_sample
+    opt = infertune.optimize(model, x, backends=["onnxruntime-cpu"], verbose=False)
+    assert _by_name(opt)["onnxruntime-cpu"].status in ("selected", "ok")
+    assert any("fell back to threads" in note for note in opt.report.notes), opt.report.notes
+
+
+def test_a_class_the_child_cannot_import_is_prepared_here_unrehearsed(model_and_sample):
+    model, x = model_and_sample
+    opt = infertune.optimize(model, x, backends=[NotImportableInChild()], verbose=False)
+    assert _by_name(opt)["not-importable-in-child"].status == "mismatch"  # it ran, here
+    assert any("without a rehearsal" in note for note in opt.report.notes), opt.report.notes
+
+
+def test_an_enormous_timeout_means_no_limit(model_and_sample):
+    model, x = model_and_sample
+    opt = infertune.optimize(
+        model, x, backends=["onnxruntime-cpu"], candidate_timeout_s=1e12, verbose=False
+    )
+    assert _by_name(opt)["onnxruntime-cpu"].status in ("selected", "ok")
+
+
 def test_no_child_process_with_isolation_off(model_and_sample, monkeypatch):
     import subprocess
 
@@ -130,3 +158,53 @@ def _children(pid: int) -> list[str]:
         except (OSError, ValueError, IndexError):
             continue
     return found
+
+
+PARENT = """
+import sys
+import numpy as np
+from crashing_backends import HangsAtCompile
+from infertune.inputs import build_signature
+from infertune.isolation import Isolation
+from infertune.structure import flatten
+from infertune.target import Target
+
+x = np.zeros((2, 3), np.float32)
+signature, sample = build_signature(x, None, np.float32)
+isolation = Isolation("process", None)
+isolation.start()
+print(isolation._worker._process.pid, flush=True)
+isolation.rehearse(
+    HangsAtCompile(), Target(None, signature, flatten(x)[1], [np.dtype("float32")]), [sample],
+    float("inf"),
+)
+"""
+
+
+def test_a_hung_child_ends_with_its_killed_parent_and_removes_its_files(tmp_path):
+    import signal
+    import subprocess
+    import sys
+
+    env = {**os.environ, "TMPDIR": str(tmp_path), "PYTHONPATH": os.path.dirname(__file__)}
+    parent = subprocess.Popen(
+        [sys.executable, "-c", PARENT], stdout=subprocess.PIPE, text=True, env=env
+    )
+    child = int(parent.stdout.readline())
+    time.sleep(2)  # the child is inside the hung compile now
+    assert _alive(child) and list(tmp_path.glob("infertune-isolation-*"))
+    os.kill(parent.pid, signal.SIGKILL)  # as the OOM killer would
+    parent.wait()
+    deadline = time.monotonic() + 10
+    while _alive(child) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not _alive(child)
+    assert not list(tmp_path.glob("infertune-isolation-*"))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False

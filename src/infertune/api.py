@@ -5,6 +5,7 @@ inputs -> reference -> candidates -> prepare -> verify -> measure -> select -> O
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import time
@@ -27,6 +28,7 @@ from .isolation import (
     CandidateCrashed,
     CandidateTimeout,
     Isolation,
+    NotRehearsable,
     RehearsalError,
     RehearsalUnavailable,
 )
@@ -112,7 +114,11 @@ def optimize(
             f"{type(cache).__name__}."
         )
     with Progress(verbose) as progress:
-        return _optimize(model, sample_input, backends, options, cache, progress)
+        opt = _optimize(model, sample_input, backends, options, cache, progress)
+    # Everything the run built is garbage now (rejected candidates, conversions, reference
+    # outputs): hand the freed heap back to the OS instead of leaving it to the allocator.
+    release_freed_memory()
+    return opt
 
 
 def _optimize(
@@ -157,9 +163,8 @@ def _optimize(
     chosen, why = _select(results, options.objective)
     kept = contenders.pop(chosen.name)
     for rejected in contenders.values():
-        rejected.close()
+        _close(rejected)
     contenders.clear()
-    release_freed_memory()  # what the rejected candidates held goes back to the OS
     progress.stage("diagnosis: counting the arithmetic, measuring the machine's peak")
     environment = collect_environment()
     diagnosis = diagnose(source, signature, sample, results, chosen.name, environment)
@@ -397,7 +402,7 @@ def _prepare_all(
         if _prepare_and_verify(backend, target, checks, result, options, progress, where):
             contenders[backend.name] = backend
         elif result.status != "timeout":  # a timed-out stage may still be using it
-            backend.close()
+            _close(backend)
         if is_reference:
             isolation.start()  # the child's imports overlap the next candidate's export
     return contenders
@@ -423,7 +428,7 @@ def _prepare_and_verify(
     try:
         # prepare_s counts the shared conversions it used (the ONNX export) whoever paid them,
         # so that every ONNX-based candidate shows what it costs on its own.
-        used_before, paid_before = len(target.used), target.shared_seconds(target.used)
+        used_before, built_before = len(target.used), target.built()
         seconds = 0.0
         if isolation.rehearses(backend):
             stage = "conversion"
@@ -436,15 +441,17 @@ def _prepare_and_verify(
             try:
                 isolation.rehearse(backend, target, [c.inputs for c in checks], deadline)
             except RehearsalUnavailable as exc:
-                isolation.mode = "thread"
-                isolation.notes.append(f"isolation fell back to threads: {exc}")
+                isolation.fall_back(str(exc))
+            except NotRehearsable as exc:
+                isolation.notes.append(f"{name}: prepared without a rehearsal ({exc})")
+            deadline = isolation.deadline()  # compiling here gets the full time again
             stage = "prepare"
         progress.stage(f"{name}: preparing")
         _, prepared = time_once(
             lambda: isolation.call(lambda: backend.prepare(target), deadline, stage)
         )
         used = target.used[used_before:]
-        paid_here = target.shared_seconds(target.used) - paid_before
+        paid_here = target.shared_seconds([key for key in used if key not in built_before])
         result.prepare_s = seconds + prepared - paid_here + target.shared_seconds(used)
         stage = "first call"
         progress.stage(f"{name}: first call")
@@ -523,7 +530,13 @@ def _measure(
         by_name[name].throughput = batch / (stats.mean / 1e3)
     for name in list(contenders):
         if by_name[name].status == "failed":
-            contenders.pop(name).close()
+            _close(contenders.pop(name))
+
+
+def _close(backend: Backend) -> None:
+    """Close a candidate that is out; a custom close() that raises must not end optimize()."""
+    with contextlib.suppress(Exception):  # what it held goes when it is collected
+        backend.close()
 
 
 def _select(results: list[CandidateResult], objective: str) -> tuple[CandidateResult, str]:

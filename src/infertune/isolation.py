@@ -44,6 +44,7 @@ __all__ = [
     "CandidateCrashed",
     "CandidateTimeout",
     "Isolation",
+    "NotRehearsable",
     "RehearsalError",
     "RehearsalUnavailable",
 ]
@@ -51,6 +52,7 @@ __all__ = [
 ISOLATIONS = ("process", "thread", "off")
 DEFAULT_CANDIDATE_TIMEOUT_S = 300.0  # a TensorRT engine build can take minutes
 _START_TIMEOUT_S = 60.0  # the child's imports (numpy, infertune, nothing else)
+_WAIT_MAX = threading.TIMEOUT_MAX / 2  # longer waits overflow: treated as no limit
 
 
 class CandidateTimeout(Exception):
@@ -69,6 +71,11 @@ class RehearsalUnavailable(Exception):
     """No child process can be started here (an embedded interpreter, no sys.executable)."""
 
 
+class NotRehearsable(Exception):
+    """The child cannot rebuild this candidate (its class does not import there): it is
+    prepared in this process, under the deadline only."""
+
+
 class Isolation:
     """What optimize() uses to run one candidate's risky stages; `close()` when done."""
 
@@ -81,15 +88,22 @@ class Isolation:
         self.notes: list[str] = []  # for the report: where isolation fell back
 
     def deadline(self) -> float:
-        """The deadline of a candidate that starts now."""
-        if self.mode == "off" or self.timeout_s is None:
+        """The deadline of a candidate (or of its rehearsal) that starts now."""
+        if self.mode == "off" or self.timeout_s is None or self.timeout_s >= _WAIT_MAX:
             return float("inf")
         return time.perf_counter() + self.timeout_s
+
+    def _timed_out(self, stage: str, how: str) -> CandidateTimeout:
+        return CandidateTimeout(
+            f"{stage} did not finish within candidate_timeout_s={self.timeout_s:g}; {how}"
+        )
 
     def call(self, fn: Callable[[], Any], deadline: float, stage: str) -> Any:
         """fn(), in a thread that is abandoned at the deadline (CandidateTimeout)."""
         if deadline == float("inf"):
             return fn()
+        if time.perf_counter() >= deadline:  # never start what cannot be waited for
+            raise self._timed_out(stage, "not started")
         box: dict[str, Any] = {}
 
         def work() -> None:
@@ -102,20 +116,22 @@ class Isolation:
         thread.start()
         thread.join(max(0.0, deadline - time.perf_counter()))
         if thread.is_alive():
-            raise CandidateTimeout(
-                f"{stage} did not finish within candidate_timeout_s={self.timeout_s:g}; "
-                f"abandoned, still running in a background thread"
-            )
+            raise self._timed_out(stage, "abandoned, still running in a background thread")
         if "error" in box:
             raise box["error"]
         return box["value"]
 
     def rehearses(self, backend: Backend) -> bool:
-        """Whether `backend` is rehearsed in a child process before it is compiled here."""
+        """Whether `backend` is rehearsed in a child process before it is compiled here.
+
+        Only a class that sets `rehearse_in_child` itself: a subclass of a built-in backend
+        may change how it is built (its constructor, model_bytes) in ways its files do not
+        carry, so it does not inherit the rehearsal.
+        """
         cls = type(backend)
         return (
             self.mode == "process"
-            and cls.rehearse_in_child
+            and cls.__dict__.get("rehearse_in_child", False)
             and cls.__module__ != "__main__"  # the child cannot import a script's classes
             and "<locals>" not in cls.__qualname__
         )
@@ -125,9 +141,13 @@ class Isolation:
         if self.mode == "process" and self._worker is None:
             try:
                 self._worker = _Worker(self._directory())
-            except OSError as exc:
-                self.mode = "thread"
-                self.notes.append(f"isolation fell back to threads: no child process ({exc})")
+            except RehearsalUnavailable as exc:
+                self.fall_back(str(exc))
+
+    def fall_back(self, why: str) -> None:
+        """No child process here: threads (the deadline) for the rest of this run."""
+        self.mode = "thread"
+        self.notes.append(f"isolation fell back to threads: {why}")
 
     def rehearse(
         self, backend: Backend, target: Target, inputs: list[list[np.ndarray]], deadline: float
@@ -135,7 +155,8 @@ class Isolation:
         """Build `backend` from its files in the child and run it on every input there.
 
         Raises CandidateCrashed or CandidateTimeout (the child is gone), RehearsalError (the
-        candidate raised there), RehearsalUnavailable (no child can run here).
+        candidate raised there), NotRehearsable (its class does not import there),
+        RehearsalUnavailable (no child can run here).
         """
         self._jobs += 1
         job = self._directory() / f"job-{self._jobs}"
@@ -160,41 +181,51 @@ class Isolation:
             shutil.rmtree(job, ignore_errors=True)
 
     def _answer(self, job: Path, deadline: float) -> None:
-        if self._worker is None or not self._worker.alive():
-            try:
-                self._worker = _Worker(self._directory())
-            except OSError as exc:
-                raise RehearsalUnavailable(f"cannot start a child process ({exc})") from exc
+        if self._worker is not None and not self._worker.alive():
+            self._worker.kill()  # died between jobs: reap it, close its log
+            self._worker = None
+        if self._worker is None:
+            self._worker = _Worker(self._directory())
         worker = self._worker
+        started = time.perf_counter()
         try:
-            worker.wait_ready(min(deadline, time.perf_counter() + _START_TIMEOUT_S))
+            worker.wait_ready(min(deadline, started + _START_TIMEOUT_S))
         except (CandidateCrashed, CandidateTimeout) as exc:
             worker.kill()
             self._worker = None
+            if time.perf_counter() >= deadline:  # the candidate's time ran out, not the child's
+                raise self._timed_out("rehearsal", "the child process was not ready") from exc
             raise RehearsalUnavailable(f"the child process did not start ({exc})") from exc
-        stage = "compile"
-        worker.send(str(job))
-        while True:
-            line = worker.next_line(deadline)
-            if line is _TIMED_OUT:
+        stage = "load"
+        try:
+            worker.send(str(job))
+            while True:
+                line = worker.next_line(deadline)
+                if line is _TIMED_OUT:
+                    worker.kill()
+                    self._worker = None
+                    raise self._timed_out(stage, "rehearsed in a child process, which was killed")
+                if line is None:
+                    self._worker = None
+                    raise CandidateCrashed(
+                        f"{stage} killed the child process rehearsing it ({worker.death()})"
+                    )
+                if line.startswith("stage "):
+                    stage = line[len("stage ") :]
+                elif line == "done":
+                    return
+                elif line == "error":
+                    message = (job / "error.txt").read_text().strip()
+                    if stage == "load":
+                        raise NotRehearsable(message)
+                    raise RehearsalError(f"{stage}: {message} (in the child process rehearsing it)")
+        except BaseException:
+            # Anything unexpected (KeyboardInterrupt included) leaves a job in flight: this
+            # child's next lines would answer for the wrong candidate.
+            if self._worker is worker and worker.alive():
                 worker.kill()
                 self._worker = None
-                raise CandidateTimeout(
-                    f"{stage} did not finish within candidate_timeout_s={self.timeout_s:g} "
-                    f"(rehearsed in a child process, which was killed)"
-                )
-            if line is None:
-                self._worker = None
-                raise CandidateCrashed(
-                    f"{stage} killed the child process rehearsing it ({worker.death()})"
-                )
-            if line.startswith("stage "):
-                stage = line[len("stage ") :]
-            elif line == "done":
-                return
-            elif line == "error":
-                message = (job / "error.txt").read_text().strip()
-                raise RehearsalError(f"{stage}: {message} (in the child process rehearsing it)")
+            raise
 
     def _directory(self) -> Path:
         if self._tmp is None:
@@ -218,19 +249,24 @@ class _Worker:
     """One child process, its protocol lines (a reader thread queues them) and its log."""
 
     def __init__(self, directory: Path):
+        python = _python_executable()
         self._log_path = directory / f"child-{time.monotonic_ns()}.log"
         self._log = open(self._log_path, "wb")  # noqa: SIM115 (closed in stop/kill)
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if isinstance(p, str) and p)
-        self._process = subprocess.Popen(
-            [sys.executable, "-m", "infertune.rehearsal_child"],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=self._log,
-            env=env,
-            text=True,
-            bufsize=1,
-        )
+        try:
+            self._process = subprocess.Popen(
+                [python, "-m", "infertune.rehearsal_child", str(directory)],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=self._log,
+                env=env,
+                text=True,
+                bufsize=1,
+            )
+        except (OSError, ValueError) as exc:
+            self._log.close()
+            raise RehearsalUnavailable(f"cannot start {python} ({exc})") from exc
         self._lines: queue.Queue[str | None] = queue.Queue()
         self._ready = False
         self._log_start = 0  # where the current job's part of the log begins
@@ -270,7 +306,11 @@ class _Worker:
 
     def death(self) -> str:
         """How the child ended, for a report: the signal or exit status, and its last words."""
-        code = self._process.wait()
+        try:
+            code = self._process.wait(timeout=10)  # its output has ended: it is exiting
+        except subprocess.TimeoutExpired:
+            self._process.kill()
+            code = self._process.wait()
         self._log.close()
         if code < 0:
             name = _signal_name(-code)
@@ -296,6 +336,16 @@ class _Worker:
             self._process.kill()
             self._process.wait()
         self._log.close()
+
+
+def _python_executable() -> str:
+    """This interpreter's executable, if it is one that `-m` runs (not an embedding host)."""
+    python = sys.executable
+    if not python:
+        raise RehearsalUnavailable("sys.executable is not set (an embedded interpreter)")
+    if not os.path.basename(python).lower().startswith(("python", "pypy")):
+        raise RehearsalUnavailable(f"sys.executable is {python}, not a Python interpreter")
+    return python
 
 
 def _signal_name(number: int) -> str:

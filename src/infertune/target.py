@@ -63,6 +63,10 @@ class Target:
         self._shared[key] = (True, value)
         self._seconds[key] = 0.0
 
+    def built(self) -> set[str]:
+        """Keys of the shared conversions built (or failed) so far."""
+        return set(self._seconds)
+
     def shared_seconds(self, keys: list[str]) -> float:
         """What building these shared conversions cost, whoever paid for it."""
         return sum(self._seconds.get(key, 0.0) for key in set(keys))

@@ -57,7 +57,8 @@ class Backend(ABC):
     cooldown_s: float = 0.0
     # Whether the compile and first run can be rehearsed in a child process (see above):
     # convert() then save_artifact() work before prepare(), and load_artifact() needs no
-    # TensorFlow.
+    # TensorFlow. Read from the class itself, never inherited: a subclass may build itself
+    # differently from what its files carry, so it says so on its own.
     rehearse_in_child: ClassVar[bool] = False
 
     def available(self) -> str | None:

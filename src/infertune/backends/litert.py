@@ -89,8 +89,9 @@ class LiteRT(Backend):
             self.run = self._run_one  # a tiny model's call is ~10 us: skip the loops
 
     def run(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
+        idle = self._idle  # close() replaces it: the session goes back to this list
         try:
-            session = self._idle.pop()
+            session = idle.pop()
         except IndexError:  # every interpreter is busy in another thread
             session = _Session(self._open())
         try:
@@ -103,7 +104,7 @@ class LiteRT(Backend):
             interpreter.invoke()
             return [interpreter.get_tensor(index) for index in self._outputs]  # copies
         finally:
-            self._idle.append(session)
+            idle.append(session)
 
     def _run_one(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
         """`run` for one input and one output."""

@@ -141,6 +141,7 @@ class OnnxRuntimeCpuInt8(OnnxRuntimeCpu):
 
     name = "onnxruntime-cpu-int8"
     precision = "int8"
+    rehearse_in_child = True  # the saved model.onnx is the quantized one: it loads as it ran
 
     def model_bytes(self, target: Target) -> bytes:
         return target.shared(

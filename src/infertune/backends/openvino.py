@@ -158,6 +158,7 @@ class OpenVinoCpuBf16(OpenVinoCpu):
     name = "openvino-cpu-bf16"
     precision = "bf16"
     inference_precision = "bf16"
+    rehearse_in_child = True
 
     def available(self) -> str | None:
         reason = super().available()
