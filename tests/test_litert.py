@@ -103,7 +103,7 @@ def test_any_batch_size_resizes_only_when_it_changes(make_model, make_input, exp
     model = make_model()
     backend, signature = prepared(model, make_input(4))
     resizes = []
-    interpreter = backend._interpreter
+    interpreter = backend._free.idle[-1].interpreter  # the sample's shape runs the fixed one
     resize = interpreter.resize_tensor_input
 
     def counting_resize(index, shape, strict=False):
@@ -120,9 +120,10 @@ def test_any_batch_size_resizes_only_when_it_changes(make_model, make_input, exp
         calls_per_batch[batch] = calls_per_batch.get(batch, 0) + len(resizes) - before
         assert_matches_model(expected(model, x), got, rtol=FP32_RTOL, atol=FP32_ATOL)
     inputs = len(signature.specs)
-    # The first call resizes from the converted batch of 1 (one resize per input), each new
-    # size resizes once, and the repeated size never does.
-    assert calls_per_batch == {4: inputs, 1: inputs, 9: inputs}
+    # The sample's batch runs the model converted at its shape (no resize). The free-batch
+    # model's first call resizes from its converted batch of 1 (one resize per input), each
+    # new size resizes once, and the repeated size never does.
+    assert calls_per_batch == {4: 0, 1: inputs, 9: inputs}
 
 
 @needs_litert
@@ -132,6 +133,35 @@ def test_xnnpack_runs_the_float_ops():
     backend, _ = prepared(conv_model(), np.zeros((2, 12, 12, 3), "float32"))
     ops = [op["op_name"] for op in backend._interpreter._get_ops_details()]
     assert "DELEGATE" in ops, ops
+
+
+@needs_litert
+def test_the_sample_shape_runs_a_model_converted_at_that_shape():
+    import keras
+
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential(
+        [
+            keras.Input((8, 8, 1)),
+            keras.layers.Conv2D(4, 3, activation="relu"),
+            keras.layers.Flatten(),
+            keras.layers.Dense(3),
+        ]
+    )
+    sample = np.random.default_rng(0).random((4, 8, 8, 1), dtype=np.float32)
+    backend, signature = prepared(model, sample)
+
+    def ops(interpreters):
+        return [op["op_name"] for op in interpreters.idle[0].interpreter._get_ops_details()]
+
+    # With a free batch, Flatten's target shape is computed at run time, outside XNNPACK;
+    # at the sample's shape the converter folds it into a constant.
+    assert "SHAPE" in ops(backend._free) and "SHAPE" not in ops(backend._fixed_run)
+    for batch in (4, 2, 4):
+        x = np.random.default_rng(batch).random((batch, 8, 8, 1), dtype=np.float32)
+        got = backend.run(signature.flatten(x))
+        np.testing.assert_allclose(got[0], model(x), rtol=FP32_RTOL, atol=FP32_ATOL)
+    assert backend._fixed_run.idle[0].shapes == [(4, 8, 8, 1)]  # never resized
 
 
 @needs_litert

@@ -33,6 +33,11 @@ def _dict_input(batch: int) -> dict:
 MODELS = [(dense_model, _dense_input), (dict_model, _dict_input)]
 
 
+def pools(backend):
+    """The backend's interpreter lists: the sample's fixed shape, and the free batch."""
+    return [p for p in (backend._fixed_run, backend._free) if p is not None]
+
+
 def prepared(model, sample):
     source = load_model(model)
     signature, flat = build_signature(sample, source.declared_inputs, source.default_float)
@@ -45,11 +50,11 @@ def prepared(model, sample):
 @pytest.mark.parametrize("make_model, make_input", MODELS)
 def test_a_call_that_finds_every_interpreter_busy_opens_another(make_model, make_input):
     backend, signature = prepared(make_model(), make_input(4))
-    flat = signature.flatten(make_input(3))
+    flat = signature.flatten(make_input(3))  # not the sample's batch: the free-batch model
     expected = backend.run(flat)
-    busy = backend._idle.pop()  # stands for a call in progress in another thread
+    busy = backend._free.idle.pop()  # stands for a call in progress in another thread
     got = backend.run(flat)
-    assert len(backend._idle) == 1 and backend._idle[0] is not busy  # the new one stays
+    assert len(backend._free.idle) == 1 and backend._free.idle[0] is not busy  # it stays
     for a, b in zip(got, expected):
         np.testing.assert_array_equal(a, b)  # same model, same kernels: bit-identical
 
@@ -78,20 +83,23 @@ def test_calls_at_once_never_share_an_interpreter(make_model, make_input):
 
         interpreter.invoke = checked_invoke
 
-    opened = type(backend._open)(backend._open.func, **backend._open.keywords)
-    for session in backend._idle:
-        watched(session.interpreter)
+    for interpreters in pools(backend):
+        opened = interpreters._open
+        for session in interpreters.idle:
+            watched(session.interpreter)
 
-    def open_watched():
-        interpreter = opened()
-        watched(interpreter)
-        return interpreter
+        def open_watched(opened=opened):
+            interpreter = opened()
+            watched(interpreter)
+            return interpreter
 
-    backend._open = open_watched
+        interpreters._open = open_watched
     with ThreadPoolExecutor(8) as pool:
         results = list(pool.map(backend.run, inputs))
     assert not any(overlap)
-    assert 1 < len(backend._idle) <= 8  # more opened for the overlap, at most one per thread
+    sizes = [len(interpreters.idle) for interpreters in pools(backend)]
+    assert len(sizes) == 2 and sum(sizes) > 2  # more opened for the overlap...
+    assert all(size <= 8 for size in sizes)  # ...at most one per thread
     for got, want in zip(results, expected):
         for a, b in zip(got, want):
             np.testing.assert_array_equal(a, b)
@@ -102,3 +110,39 @@ def test_a_closed_backend_cannot_be_called():
     backend.close()
     with pytest.raises(AttributeError):
         backend.run(signature.flatten(_dense_input(2)))
+
+
+def test_the_single_array_runner_at_the_tuned_shape_never_shares_an_interpreter():
+    backend, signature = prepared(dense_model(), _dense_input(4))
+    single = backend.single_runner((4, 6))
+    assert single is not None and backend.single_runner((3, 6)) is None
+    inputs = [_dense_input(4) + i for i in range(64)]
+    expected = [backend.run([x])[0] for x in inputs]
+    running, overlap = set(), []
+    lock = threading.Lock()
+    for session in backend._fixed_run.idle:
+        interpreter, invoke = session.interpreter, session.interpreter.invoke
+
+        def checked_invoke(interpreter=interpreter, invoke=invoke):
+            with lock:
+                overlap.append(id(interpreter) in running)
+                running.add(id(interpreter))
+            try:
+                time.sleep(0.001)
+                invoke()
+            finally:
+                with lock:
+                    running.discard(id(interpreter))
+
+        interpreter.invoke = checked_invoke
+    with ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(single, inputs))
+    # Interpreters opened for the overlap are not watched; the watched one never ran twice
+    # at once, and every result is the sequential one.
+    assert overlap and not any(overlap)
+    assert len(backend._fixed_run.idle) > 1
+    for got, want in zip(results, expected):
+        np.testing.assert_array_equal(got, want)
+    backend.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        single(inputs[0])

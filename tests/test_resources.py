@@ -41,8 +41,10 @@ def test_only_the_chosen_candidate_keeps_a_runtime_session(rng):
     assert len(tried) >= 8  # ONNX Runtime variants, OpenVINO, LiteRT all ran
     grown = {k: v - before[k] for k, v in _runtime_objects().items()}
     runtime = opt.backend.split("-")[0].split(":")[0]
-    expected = {k: int(k == runtime) for k in grown}
-    assert grown == expected, f"chose {opt.backend}; live runtime objects grew by {grown}"
+    others = {k: v for k, v in grown.items() if k != runtime}
+    assert others == dict.fromkeys(others, 0), f"chose {opt.backend}; rejected left {grown}"
+    # One session or compiled model; LiteRT: an interpreter per model, fixed and free batch.
+    assert grown.get(runtime, 1) in (1, 2), f"chose {opt.backend}; it holds {grown}"
     del opt
     assert _runtime_objects() == before
 

@@ -215,15 +215,19 @@ def test_litert_result_saves_and_loads_without_tensorflow(tmp_path):
         f"opt = infertune.load({str(tmp_path / 'saved')!r}, verbose=False)\n"
         "x = np.load(sys.argv[1])\n"
         "np.save(sys.argv[2], opt(x))\n"
+        "np.save(sys.argv[3], opt(x[:4]))\n"  # the sample's batch: the fixed-shape model
         "assert 'tensorflow' not in sys.modules, 'load imported tensorflow'\n"
         "print(opt.backend)\n"
     )
-    x = np.random.default_rng(1).standard_normal((3, 6)).astype("float32")
+    assert (tmp_path / "saved" / "model-fixed.tflite").is_file()
+    x = np.random.default_rng(1).standard_normal((5, 6)).astype("float32")
     np.save(tmp_path / "x.npy", x)
     done = subprocess.run(
-        [sys.executable, "-c", code, str(tmp_path / "x.npy"), str(tmp_path / "y.npy")],
+        [sys.executable, "-c", code, str(tmp_path / "x.npy"), str(tmp_path / "y.npy"),
+         str(tmp_path / "y4.npy")],
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "litert"
     np.testing.assert_array_equal(np.load(tmp_path / "y.npy"), opt(x))  # the same runtime
+    np.testing.assert_array_equal(np.load(tmp_path / "y4.npy"), opt(x[:4]))

@@ -45,7 +45,7 @@ class Optimized:
         self.report = report
         self._options = options or {}  # optimize()'s tuning options, for save() and the cache
         self._saved_from = saved_from  # (directory, manifest) when restored by load()
-        self._call = _calling(backend.run, signature, outputs)
+        self._call = _calling(backend, signature, outputs)
 
     def __call__(self, x: Any) -> Any:
         return self._call(x)
@@ -98,14 +98,16 @@ class Optimized:
         return f"<Optimized backend={self.backend!r} inputs=[{self.input_signature.describe()}]>"
 
 
-def _calling(run: Callable, signature: InputSignature, outputs: Structure) -> Callable:
+def _calling(backend: Backend, signature: InputSignature, outputs: Structure) -> Callable:
     """The call path: check and flatten the input, run, rebuild the output structure.
 
     One array in and one out (most models) takes a path that checks the input in a few
     comparisons: on a 15-microsecond model, each 0.1 us here is 0.7%. An array of the shape
     it was tuned at needs one shape comparison (about 0.09 us less than checking the rank
-    and the feature shape apart, as another batch size needs).
+    and the feature shape apart, as another batch size needs), and goes to the backend's
+    `single_runner` for that shape where it has one: no lists, no dispatch on the shape.
     """
+    run = backend.run
     flatten, pack = signature.flatten, outputs.packer()
     fast = signature.fast_check  # (dtype, feature shape) when one comparison suffices
     if outputs.kind == "leaf" and fast is not None:
@@ -113,10 +115,11 @@ def _calling(run: Callable, signature: InputSignature, outputs: Structure) -> Ca
         rank = len(features) + 1
         tuned = (signature.sample_batch, *features)
         ndarray = np.ndarray
+        single = backend.single_runner(tuned) or (lambda array: run([array])[0])
 
         def call_one(x: Any) -> Any:
             if type(x) is ndarray and x.shape == tuned and x.dtype is dtype:
-                return run([x])[0]
+                return single(x)
             fits = type(x) is ndarray and x.dtype is dtype and x.ndim == rank
             if fits and x.shape[1:] == features:
                 return run([x])[0]

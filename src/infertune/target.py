@@ -63,6 +63,12 @@ class Target:
         self._shared[key] = (True, value)
         self._seconds[key] = 0.0
 
+    def preload_failure(self, key: str, why: str) -> None:
+        """Record that the conversion under `key` is not to be built (a saved result without
+        it): `shared(key, ...)` raises instead of building it."""
+        self._shared[key] = (False, RuntimeError(f"{key}: {why}"))
+        self._seconds[key] = 0.0
+
     def built(self) -> set[str]:
         """Keys of the shared conversions built (or failed) so far."""
         return set(self._seconds)

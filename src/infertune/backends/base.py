@@ -28,6 +28,7 @@ prepare() compile the same files here.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from pathlib import Path
 from typing import ClassVar
 
@@ -77,6 +78,12 @@ class Backend(ABC):
     @abstractmethod
     def run(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
         """Run one batch: flat numpy inputs in signature order, flat numpy outputs on the host."""
+
+    def single_runner(self, shape: tuple[int, ...]) -> Callable[[np.ndarray], np.ndarray] | None:
+        """Optional, for a model with one input and one output: a function that runs one input
+        array of exactly `shape` (the tuned one) and returns the output array, with less
+        per-call work than run(). None (the default): the call path uses run()."""
+        return None
 
     def close(self) -> None:
         """Release what prepare() built (sessions, compiled functions)."""

@@ -2,8 +2,9 @@
 
 The model is converted with TensorFlow's TFLite converter from the same flat tf.function
 the other TensorFlow candidates use (float32, no quantization), and run by ai-edge-litert's
-interpreter, whose default CPU delegate for float models is XNNPACK. The batch dimension is
--1 in the converted model: a new batch size resizes the input tensors once, and calls at an
+interpreter, whose default CPU delegate for float models is XNNPACK. Calls at the sample's
+shapes run a conversion made at exactly those shapes; every other batch size runs one whose
+batch dimension is -1: a new batch size resizes its input tensors once, and calls at an
 unchanged shape do no resizing.
 
 TFLite numbers its tensors in its own order (two outputs may come back swapped), so inputs and
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import importlib.util
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -36,6 +38,13 @@ class LiteRT(Backend):
 
     `threads` None uses every usable core; LiteRT's own default is one thread, which is
     1.3x faster for a tiny CNN and 1.8x slower for MobileNetV2 on two cores: a variant each.
+
+    Two conversions: one with every input at the sample's exact shape, which runs calls at
+    that shape, and one with a free batch dimension for every other batch size. At a fixed
+    shape the converter folds shape arithmetic (Flatten's reshape) into constants, so XNNPACK
+    takes the whole graph in one partition: 6% faster on the small demo CNN, where the free
+    batch leaves four ops between two XNNPACK partitions (benchmarks/by_hand.py converts the
+    same way). A model whose fixed conversion fails runs every size on the free one.
     """
 
     name = "litert"
@@ -54,107 +63,204 @@ class LiteRT(Backend):
 
     def convert(self, target: Target) -> None:
         self._converted: Converted = target.shared("tflite", lambda: _convert(target))
+        self._fixed: Converted | None = None
+        if all(None not in spec.shape for spec in target.signature.specs):
+            return  # the model fixes every dimension: the first conversion is the fixed one
+        try:
+            self._fixed = target.shared("tflite-fixed", lambda: _convert(target, fixed=True))
+        except Exception:  # the free-batch model runs the sample's shape too
+            self._fixed = None
 
     def prepare(self, target: Target) -> None:
-        from ai_edge_litert.interpreter import Interpreter
-
         self.convert(target)
-        converted = self._converted
         threads = self.threads or usable_cores()
-        # The default op resolver (AUTO) applies XNNPACK, LiteRT's default CPU delegate, to
-        # the float ops it supports; the rest run on the builtin kernels.
-        self._open = partial(Interpreter, model_content=converted.content, num_threads=threads)
-        first = _Session(self._open())
-        self._interpreter = first.interpreter  # the one a single-threaded caller always gets
-        self._inputs = _input_order(
-            self._interpreter.get_input_details(), len(target.signature.specs)
-        )
-        self._outputs = _output_order(
-            self._interpreter.get_output_details(), converted.output_names
-        )
-        if len(self._outputs) != len(target.output_dtypes):
-            raise RuntimeError(
-                f"TFLite model has {len(self._outputs)} outputs, the model "
-                f"{len(target.output_dtypes)}"
-            )
-        # An Interpreter runs one call at a time. A call takes an idle one from this list and
-        # puts it back; a call that finds none idle (the others busy in other threads) opens
-        # one more, which stays for later calls: tensor indices are the model's, the same in
-        # each. A list's pop and append are atomic, so no lock is taken: one costs 0.15-0.3 us,
-        # 1-2% of a small CNN's call. Each interpreter holds XNNPACK's own packed copy of the
-        # weights, so memory grows with the number of calls ever run at once.
-        self._idle = [first]
-        if len(self._inputs) == 1 and len(self._outputs) == 1:
-            self._input0, self._output0 = self._inputs[0], self._outputs[0]
+        count, outputs = len(target.signature.specs), len(target.output_dtypes)
+        self._free = _Interpreters(self._converted, threads, count, outputs)
+        self._fixed_run = None
+        self._fixed_shapes = None
+        if self._fixed is not None:
+            shapes = target.signature.concrete_shapes()
+            self._fixed_run = _Interpreters(self._fixed, threads, count, outputs, shapes)
+            self._fixed_shapes = shapes
+        self._fixed_shape0 = self._fixed_shapes[0] if self._fixed_shapes else None
+        self._one_in_one_out = count == 1 and outputs == 1
+        if self._one_in_one_out:
             self.run = self._run_one  # a tiny model's call is ~10 us: skip the loops
 
+    @property
+    def _interpreter(self):
+        """The interpreter a single-threaded call at the sample's shapes gets."""
+        return (self._fixed_run or self._free).idle[-1].interpreter
+
     def run(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
-        idle = self._idle  # close() replaces it: the session goes back to this list
-        try:
-            session = idle.pop()
-        except IndexError:  # every interpreter is busy in another thread
-            session = _Session(self._open())
-        try:
-            shapes = [array.shape for array in inputs]
-            if shapes != session.shapes:
-                self._resize(session, shapes)
-            interpreter = session.interpreter
-            for index, array in zip(self._inputs, inputs):
-                interpreter.set_tensor(index, array)
-            interpreter.invoke()
-            return [interpreter.get_tensor(index) for index in self._outputs]  # copies
-        finally:
-            idle.append(session)
+        shapes = [array.shape for array in inputs]
+        if shapes == self._fixed_shapes:
+            return self._fixed_run.run(inputs, shapes)
+        return self._free.run(inputs, shapes)
 
     def _run_one(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
         """`run` for one input and one output."""
         array = inputs[0]
-        idle = self._idle
+        if array.shape == self._fixed_shape0:
+            return self._fixed_run.run_one(array)
+        return self._free.run_one(array)
+
+    def single_runner(self, shape: tuple[int, ...]) -> Callable[[np.ndarray], np.ndarray] | None:
+        """The fixed-shape model's interpreters, called with no shape dispatch (one in, one
+        out, at the sample's shape only)."""
+        if not self._one_in_one_out or shape != self._fixed_shape0:
+            return None
+        return self._fixed_run.single()
+
+    def close(self) -> None:
+        for interpreters in (self._free, self._fixed_run):
+            if interpreters is not None:
+                interpreters.close()
+        self._converted = self._fixed = None
+
+    def save_artifact(self, directory: Path) -> dict:
+        """model.tflite (free batch), model-fixed.tflite (the sample's shapes) if there is
+        one, the thread count and the output names that map their tensors."""
+        (directory / "model.tflite").write_bytes(self._converted.content)
+        settings = {
+            "file": "model.tflite",
+            "threads": self.threads,
+            "output_names": list(self._converted.output_names),
+        }
+        if self._fixed is not None:
+            (directory / "model-fixed.tflite").write_bytes(self._fixed.content)
+            settings["fixed_file"] = "model-fixed.tflite"
+        return settings
+
+    @classmethod
+    def load_artifact(cls, directory: Path, settings: dict, target: Target) -> Backend:
+        names = tuple(settings["output_names"])
+        content = (directory / settings["file"]).read_bytes()
+        target.preload("tflite", Converted(content, names))
+        fixed = settings.get("fixed_file")  # absent in results saved before it existed
+        if fixed is not None:
+            target.preload("tflite-fixed", Converted((directory / fixed).read_bytes(), names))
+        else:
+            target.preload_failure("tflite-fixed", "not saved")
+        backend = cls(settings["threads"])
+        backend.prepare(target)
+        return backend
+
+
+class _Interpreters:
+    """The interpreters of one converted model: the idle ones, and the tensor indices (the
+    model's, the same in each).
+
+    An Interpreter runs one call at a time. A call takes an idle one from the list and puts
+    it back; a call that finds none idle (the others busy in other threads) opens one more,
+    which stays for later calls. A list's pop and append are atomic, so no lock is taken: one
+    costs 0.15-0.3 us, 1-2% of a small CNN's call. Each interpreter holds XNNPACK's own packed
+    copy of the weights, so memory grows with the number of calls ever run at once.
+    """
+
+    def __init__(
+        self,
+        converted: Converted,
+        threads: int,
+        inputs: int,
+        outputs: int,
+        shapes: list[tuple[int, ...]] | None = None,
+    ):
+        from ai_edge_litert.interpreter import Interpreter
+
+        # The default op resolver (AUTO) applies XNNPACK, LiteRT's default CPU delegate, to
+        # the float ops it supports; the rest run on the builtin kernels.
+        self._open = partial(Interpreter, model_content=converted.content, num_threads=threads)
+        self._shapes = shapes  # fixed: allocated at these shapes, never resized
+        first = self._session()
+        self.inputs = _input_order(first.interpreter.get_input_details(), inputs)
+        self.outputs = _output_order(first.interpreter.get_output_details(), converted.output_names)
+        if len(self.outputs) != outputs:
+            raise RuntimeError(f"TFLite model has {len(self.outputs)} outputs, the model {outputs}")
+        self.input0, self.output0 = self.inputs[0], self.outputs[0]
+        self.idle = [first]
+
+    def _session(self) -> _Session:
+        if self._open is None:
+            raise RuntimeError("this LiteRT backend is closed")
+        session = _Session(self._open())
+        if self._shapes is not None:
+            session.shapes, session.shape0 = list(self._shapes), self._shapes[0]
+        return session
+
+    def run(self, inputs: list[np.ndarray], shapes: list[tuple[int, ...]]) -> list[np.ndarray]:
+        idle = self.idle  # close() replaces it: the session goes back to this list
+        try:
+            session = idle.pop()
+        except IndexError:  # every interpreter is busy in another thread
+            session = self._session()
+        try:
+            if shapes != session.shapes:
+                self._resize(session, shapes)
+            interpreter = session.interpreter
+            for index, array in zip(self.inputs, inputs):
+                interpreter.set_tensor(index, array)
+            interpreter.invoke()
+            return [interpreter.get_tensor(index) for index in self.outputs]  # copies
+        finally:
+            idle.append(session)
+
+    def run_one(self, array: np.ndarray) -> list[np.ndarray]:
+        """`run` for one input and one output."""
+        idle = self.idle
         try:
             session = idle.pop()
         except IndexError:
-            session = _Session(self._open())
+            session = self._session()
         try:
             if array.shape != session.shape0:
                 self._resize(session, [array.shape])
             interpreter = session.interpreter
-            interpreter.set_tensor(self._input0, array)
+            interpreter.set_tensor(self.input0, array)
             interpreter.invoke()
-            return [interpreter.get_tensor(self._output0)]
+            return [interpreter.get_tensor(self.output0)]
         finally:
             idle.append(session)
+
+    def single(self) -> Callable[[np.ndarray], np.ndarray]:
+        """`run_one` for a model converted at a fixed shape and an array of that shape: the
+        sessions never resize, so there is nothing to compare before the call."""
+        idle, new_session, first_input, first_output = (
+            self.idle,
+            self._session,
+            self.input0,
+            self.output0,
+        )
+
+        def run(array: np.ndarray) -> np.ndarray:
+            try:
+                session = idle.pop()
+            except IndexError:
+                session = new_session()
+            try:
+                interpreter = session.interpreter
+                interpreter.set_tensor(first_input, array)
+                interpreter.invoke()
+                return interpreter.get_tensor(first_output)  # a copy
+            finally:
+                idle.append(session)
+
+        return run
 
     def _resize(self, session: _Session, shapes: list[tuple[int, ...]]) -> None:
         """A new batch size: resize the inputs once; later calls at this shape reuse it."""
         interpreter = session.interpreter
-        for index, shape in zip(self._inputs, shapes):
+        for index, shape in zip(self.inputs, shapes):
             interpreter.resize_tensor_input(index, shape, strict=True)
         interpreter.allocate_tensors()
         session.shapes = list(shapes)
         session.shape0 = session.shapes[0]
 
     def close(self) -> None:
-        self._interpreter = None
-        self._idle = None  # a later call fails instead of opening a new interpreter
+        if self.idle is not None:
+            self.idle.clear()  # single() runners share this list: they open no new one either
+        self.idle = None  # a later call fails instead of opening a new interpreter
         self._open = None
-        self._converted = None
-
-    def save_artifact(self, directory: Path) -> dict:
-        """model.tflite, the thread count and the output names that map its tensors."""
-        (directory / "model.tflite").write_bytes(self._converted.content)
-        return {
-            "file": "model.tflite",
-            "threads": self.threads,
-            "output_names": list(self._converted.output_names),
-        }
-
-    @classmethod
-    def load_artifact(cls, directory: Path, settings: dict, target: Target) -> Backend:
-        content = (directory / settings["file"]).read_bytes()
-        target.preload("tflite", Converted(content, tuple(settings["output_names"])))
-        backend = cls(settings["threads"])
-        backend.prepare(target)
-        return backend
 
 
 class _Session:
@@ -178,14 +284,16 @@ class Converted:
     output_names: tuple[str, ...]
 
 
-def _convert(target: Target) -> Converted:
-    """The model as TFLite (float32, no quantization), shared by every LiteRT variant."""
+def _convert(target: Target, fixed: bool = False) -> Converted:
+    """The model as TFLite (float32, no quantization), shared by every LiteRT variant: with a
+    free batch dimension, or `fixed` at the sample's exact input shapes."""
     import tensorflow as tf
 
-    function = tf.function(
-        target.source.graph_function(target.signature),
-        input_signature=tensor_specs(target.signature),
-    )
+    specs = tensor_specs(target.signature)
+    if fixed:
+        shapes = target.signature.concrete_shapes()
+        specs = [tf.TensorSpec(shape, s.dtype, name=s.name) for shape, s in zip(shapes, specs)]
+    function = tf.function(target.source.graph_function(target.signature), input_signature=specs)
     concrete = function.get_concrete_function()
     # The tf.function as trackable_obj selects the converter's concrete-function pipeline
     # (freeze the variables, convert the graph): tensors keep their graph names (in_0,
