@@ -76,3 +76,17 @@ def assert_matches_model(model_outputs, outputs, rtol=1e-4, atol=1e-5):
     else:
         assert isinstance(outputs, np.ndarray)
         np.testing.assert_allclose(outputs, np.asarray(model_outputs), rtol=rtol, atol=atol)
+
+
+def prepared_backend(backend, model, sample):
+    """`backend` prepared on the Target that optimize() builds, outside the pipeline; with
+    the input signature."""
+    from infertune.inputs import build_signature
+    from infertune.models import load_model
+    from infertune.target import Target
+
+    source = load_model(model)
+    signature, flat = build_signature(sample, source.declared_inputs, source.default_float)
+    reference, structure = source.call_flat(signature, flat)
+    backend.prepare(Target(source, signature, structure, [r.dtype for r in reference]))
+    return backend, signature

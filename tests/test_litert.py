@@ -7,13 +7,10 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import assert_matches_model, dense_model, dict_model, dict_sample
+from conftest import assert_matches_model, dense_model, dict_model, dict_sample, prepared_backend
 
 import infertune
 from infertune.backends.litert import LiteRT, _input_order, _output_order
-from infertune.inputs import InputSignature, build_signature
-from infertune.models import load_model
-from infertune.target import Target
 
 needs_litert = pytest.mark.skipif(
     importlib.util.find_spec("ai_edge_litert") is None, reason="ai-edge-litert not installed"
@@ -41,14 +38,8 @@ def conv_model():
     )
 
 
-def prepared(model, sample) -> tuple[LiteRT, InputSignature]:
-    """The backend prepared on the Target that optimize() builds, outside the pipeline."""
-    source = load_model(model)
-    signature, flat = build_signature(sample, source.declared_inputs, source.default_float)
-    reference, structure = source.call_flat(signature, flat)
-    backend = LiteRT()
-    backend.prepare(Target(source, signature, structure, [r.dtype for r in reference]))
-    return backend, signature
+def prepared(model, sample):
+    return prepared_backend(LiteRT(), model, sample)
 
 
 @needs_litert

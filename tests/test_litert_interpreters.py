@@ -9,12 +9,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
-from conftest import dense_model, dict_model, dict_sample
+from conftest import dense_model, dict_model, dict_sample, prepared_backend
 
 from infertune.backends.litert import LiteRT
-from infertune.inputs import build_signature
-from infertune.models import load_model
-from infertune.target import Target
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("ai_edge_litert") is None, reason="ai-edge-litert not installed"
@@ -39,12 +36,7 @@ def pools(backend):
 
 
 def prepared(model, sample):
-    source = load_model(model)
-    signature, flat = build_signature(sample, source.declared_inputs, source.default_float)
-    reference, structure = source.call_flat(signature, flat)
-    backend = LiteRT()
-    backend.prepare(Target(source, signature, structure, [r.dtype for r in reference]))
-    return backend, signature
+    return prepared_backend(LiteRT(), model, sample)
 
 
 @pytest.mark.parametrize("make_model, make_input", MODELS)

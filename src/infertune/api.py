@@ -233,32 +233,15 @@ class _Options:
             raise OptionError(
                 f"rtol and atol must be numbers >= 0. Received: rtol={rtol!r}, atol={atol!r}."
             )
-        if objective not in OBJECTIVES:
-            raise OptionError(
-                f"objective must be one of {OBJECTIVES}. Received: objective={objective!r}."
-            )
-        if time_budget_s is not None and not (
-            isinstance(time_budget_s, int | float) and time_budget_s > 0
-        ):
-            raise OptionError(
-                f"time_budget_s must be a positive number or None. Received: {time_budget_s!r}."
-            )
+        _check_choice("objective", objective, OBJECTIVES)
+        _check_positive_or_none("time_budget_s", time_budget_s)
         precisions = (precision,) if isinstance(precision, str) else tuple(precision)
         if not precisions or any(p not in PRECISIONS for p in precisions):
             raise OptionError(
                 f"precision must be a subset of {PRECISIONS}. Received: {precision!r}."
             )
-        if isolation not in ISOLATIONS:
-            raise OptionError(
-                f"isolation must be one of {ISOLATIONS}. Received: isolation={isolation!r}."
-            )
-        if candidate_timeout_s is not None and not (
-            isinstance(candidate_timeout_s, int | float) and candidate_timeout_s > 0
-        ):
-            raise OptionError(
-                f"candidate_timeout_s must be a positive number or None. Received: "
-                f"{candidate_timeout_s!r}."
-            )
+        _check_choice("isolation", isolation, ISOLATIONS)
+        _check_positive_or_none("candidate_timeout_s", candidate_timeout_s)
         deadline = math.inf if time_budget_s is None else time.perf_counter() + time_budget_s
         return cls(
             rtol,
@@ -285,6 +268,16 @@ class _Options:
         if self.time_budget_s is None:
             return DEFAULT_MEASURE_S
         return max(0.2, self.deadline - time.perf_counter())
+
+
+def _check_choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise OptionError(f"{name} must be one of {choices}. Received: {name}={value!r}.")
+
+
+def _check_positive_or_none(name: str, value: Any) -> None:
+    if value is not None and not (isinstance(value, int | float) and value > 0):
+        raise OptionError(f"{name} must be a positive number or None. Received: {value!r}.")
 
 
 def _admitted(backend: Backend, result: CandidateResult, options: _Options, is_reference: bool):
