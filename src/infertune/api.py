@@ -21,6 +21,7 @@ from .cache import CacheEntry
 from .diagnosis import diagnose
 from .environment import collect_environment
 from .errors import InputError, ModelError, OptionError, one_line
+from .gpu import enable_tf_memory_growth
 from .inputs import InputSignature, build_signature
 from .isolation import (
     DEFAULT_CANDIDATE_TIMEOUT_S,
@@ -125,6 +126,8 @@ def _optimize(
     model, sample_input, backends, options: _Options, cache, progress: Progress
 ) -> Optimized:
     progress.stage("loading the model")
+    # Before TensorFlow runs anything on a GPU: candidates after it must still find memory.
+    growth = enable_tf_memory_growth()
     source = load_model(model)
     signature, sample = build_signature(sample_input, source.declared_inputs, source.default_float)
     progress.say(f"{source.description}; inputs {signature.describe()}")
@@ -180,7 +183,7 @@ def _optimize(
         selected=chosen.name,
         selection_reason=why,
         total_s=progress.elapsed(),
-        notes=_notes(target, checks) + isolation.notes,
+        notes=_notes(target, checks) + _gpu_notes(growth) + isolation.notes,
         diagnosis=diagnosis,
     )
     progress.say(f"selected {chosen.name}: {why}")
@@ -596,6 +599,20 @@ def _tie_words(chosen: CandidateResult, other: CandidateResult) -> str:
     if a[2] != b[2]:
         return "cheaper to start"
     return "faster median"
+
+
+def _gpu_notes(growth: dict) -> list[str]:
+    """What enable_tf_memory_growth() did, where TensorFlow sees a GPU."""
+    if not growth["gpus"]:
+        return []
+    note = f"TensorFlow GPU memory growth: enabled on {growth['enabled'] or 'none'}"
+    if growth["too_late"]:
+        note += (
+            f"; not on {growth['too_late']}, already initialized by the caller (TensorFlow "
+            f"may hold most of that GPU's memory: call tf.config.experimental."
+            f"set_memory_growth before first use)"
+        )
+    return [note]
 
 
 def _notes(target: Target, checks: list[_Check]) -> list[str]:

@@ -28,6 +28,7 @@ _PACKAGES = (
     "openvino",
     "ai-edge-litert",
     "tensorrt",
+    "cuda-python",
     "numpy",
     "infertune",
 )

@@ -8,8 +8,11 @@ from .base import Backend, Target
 from .keras_eager import KerasEager
 from .litert import litert_variants
 from .onnxruntime import onnxruntime_cpu_variants
+from .onnxruntime_gpu import onnxruntime_gpu_variants
 from .openvino import OpenVinoCpu, OpenVinoCpuBf16
+from .tensorrt import TensorRtEngine, TensorRtEngineFp16
 from .tf_function import TfFunction
+from .tf_trt import TfTrt
 from .tf_xla import TfXla
 
 __all__ = ["BACKENDS", "Backend", "KerasEager", "Target", "backend_class"]
@@ -23,6 +26,11 @@ BACKENDS: dict[str, Callable[[], Backend]] = {
     OpenVinoCpu.name: OpenVinoCpu,
     OpenVinoCpuBf16.name: OpenVinoCpuBf16,
     **litert_variants(),
+    # GPU candidates, after every CPU one: without a GPU each is `unavailable` (gpu.py).
+    **onnxruntime_gpu_variants(),
+    TensorRtEngine.name: TensorRtEngine,
+    TensorRtEngineFp16.name: TensorRtEngineFp16,
+    TfTrt.name: TfTrt,
 }
 
 

@@ -1,0 +1,258 @@
+"""ONNX Runtime on an NVIDIA GPU: the CUDA and the TensorRT execution providers.
+
+All of them run the shared ONNX export (export/onnx.py) and are called through IO binding:
+each input is copied to the GPU once per call, outputs are bound on the GPU and copied to the
+host explicitly, and that copy is the synchronization point every timed call ends with.
+
+- `onnxruntime-cuda`: the CUDA execution provider, ONNX Runtime's default CUDA options.
+- `onnxruntime-cuda:graph`: the same with `enable_cuda_graph`: the first run at the sample's
+  shapes is captured as a CUDA graph and every later call at exactly those shapes replays it
+  from fixed device buffers (one launch instead of one per kernel). Calls at other shapes go
+  through a plain CUDA session. A model ONNX Runtime cannot capture (nodes on the CPU) fails.
+- `onnxruntime-tensorrt`, `onnxruntime-tensorrt-fp16`: the TensorRT execution provider (the
+  CUDA one behind it for the nodes TensorRT does not take), an explicit optimization profile
+  (gpu.profile_shapes), engines and timing caches on disk, fp16 as a reduced-precision
+  candidate that must pass verification like any other.
+
+A provider that cannot be created makes ONNX Runtime fall back to the CPU with only a printed
+notice; a session whose first provider is not the one asked for is a failure here.
+
+NOT RUN ON GPU HARDWARE YET: written from ONNX Runtime's documentation (CUDA EP, TensorRT EP,
+IO binding, CUDA graphs). Without a GPU every one of them is `unavailable` (see docs/gpu.md).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+
+import numpy as np
+
+from ..environment import package_version
+from ..export.onnx import read_onnx
+from ..gpu import (
+    CUDA_EP,
+    TENSORRT_EP,
+    IoBindingPlan,
+    default_batch_sizes,
+    engine_cache_dir,
+    engine_cache_key,
+    gpu_facts,
+    iobinding_plan,
+    profile_shapes,
+    reason_unavailable,
+)
+from .base import Backend, Target
+from .onnxruntime import OnnxRuntimeCpu, OrtSettings
+
+__all__ = [
+    "OnnxRuntimeCuda",
+    "OnnxRuntimeTensorrt",
+    "OnnxRuntimeTensorrtFp16",
+    "onnxruntime_gpu_variants",
+]
+
+DEVICE_ID = 0  # the first GPU; CUDA_VISIBLE_DEVICES picks another
+
+
+class OnnxRuntimeCuda(OnnxRuntimeCpu):
+    """An InferenceSession on the CUDA execution provider, called through IO binding."""
+
+    name = "onnxruntime-cuda"
+    kind = "onnxruntime-cuda"  # what gpu.reason_unavailable() decides for
+    provider = CUDA_EP
+    requires = "gpu"
+    runtime_packages = ("onnxruntime-gpu",)
+    rehearse_in_child = True
+
+    def __init__(self, settings: OrtSettings | None = None, cuda_graph: bool = False):
+        super().__init__(settings)
+        self.cuda_graph = cuda_graph
+        self.name = type(self).name + (":graph" if cuda_graph else "") + self.settings.suffix()
+
+    def available(self) -> str | None:
+        reason = reason_unavailable(self.kind, gpu_facts())
+        if reason is not None:
+            return reason
+        return super().available()  # imports onnxruntime: only reached with a GPU present
+
+    def provider_options(self, target: Target, model_bytes: bytes) -> list:
+        """The `providers=` list of the session (a provider name and its options each)."""
+        return [(CUDA_EP, {"device_id": DEVICE_ID})]
+
+    def _new_session(self, model_bytes: bytes, providers: list):
+        import onnxruntime
+
+        session = onnxruntime.InferenceSession(
+            model_bytes, self.settings.session_options(), providers=providers
+        )
+        used = session.get_providers()
+        if used[0] != self.provider:  # ONNX Runtime falls back silently; a fallback is a failure
+            raise RuntimeError(f"ONNX Runtime used {used[0]} instead of {self.provider}")
+        return session
+
+    def prepare(self, target: Target) -> None:
+        self.convert(target)
+        model_bytes, exported = self._saved
+        self._plan = iobinding_plan(
+            target.signature, exported.input_names, exported.output_names, self.cuda_graph
+        )
+        if self.cuda_graph and not self._plan.cuda_graph:
+            raise RuntimeError(f"no CUDA graph for this model: {self._plan.why_no_graph}")
+        providers = self.provider_options(target, model_bytes)
+        self._session = self._new_session(model_bytes, providers)
+        self._input_names = list(self._plan.input_names)
+        self._output_names = list(self._plan.output_names)
+        self._local = threading.local()
+        self._graph = None
+        if self._plan.cuda_graph:
+            name, options = providers[0]
+            graph_providers = [(name, {**options, "enable_cuda_graph": "1"}), *providers[1:]]
+            self._graph = _CudaGraphCall(
+                self._new_session(model_bytes, graph_providers), self._plan, self._session
+            )
+
+    def run(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
+        graph = self._graph
+        if graph is not None and self._plan.uses_graph([x.shape for x in inputs]):
+            return graph.run(inputs)
+        binding = getattr(self._local, "binding", None)
+        if binding is None:  # one binding per thread: concurrent calls must not share one
+            binding = self._local.binding = self._session.io_binding()
+        for name, x in zip(self._input_names, inputs):
+            binding.bind_cpu_input(name, np.ascontiguousarray(x))  # copied to the GPU
+        for name in self._output_names:
+            binding.bind_output(name, "cuda", DEVICE_ID)  # allocated on the GPU by ONNX Runtime
+        self._session.run_with_iobinding(binding)
+        return binding.copy_outputs_to_cpu()  # device -> host: the synchronization point
+
+    def close(self) -> None:
+        super().close()
+        self._graph = None
+        self._local = threading.local()
+
+    def save_artifact(self, directory: Path) -> dict:
+        return {**super().save_artifact(directory), "cuda_graph": self.cuda_graph}
+
+    @classmethod
+    def load_artifact(cls, directory: Path, settings: dict, target: Target) -> Backend:
+        backend = cls._from_settings(settings)
+        cls._preload(target, read_onnx(directory, settings))
+        backend.prepare(target)
+        return backend
+
+    @classmethod
+    def _from_settings(cls, settings: dict) -> OnnxRuntimeCuda:
+        return cls(OrtSettings(**settings["session"]), cuda_graph=settings.get("cuda_graph", False))
+
+
+class _CudaGraphCall:
+    """Calls at exactly the sample's shapes, replayed from a captured CUDA graph.
+
+    A CUDA graph replays fixed device addresses: inputs and outputs live in OrtValues on the
+    GPU allocated once and bound once; a call copies its inputs into them (update_inplace),
+    replays, and copies the outputs back to the host. One call at a time (a lock): the
+    buffers are shared.
+    """
+
+    def __init__(self, session, plan: IoBindingPlan, plain_session):
+        import onnxruntime
+
+        zeros = [np.zeros(s, d) for s, d in zip(plan.input_shapes, plan.input_dtypes)]
+        # The output shapes and dtypes at the sample's shapes, from the plain session.
+        shaped = plain_session.run(list(plan.output_names), dict(zip(plan.input_names, zeros)))
+        ortvalue = onnxruntime.OrtValue
+        self._inputs = [ortvalue.ortvalue_from_numpy(z, "cuda", DEVICE_ID) for z in zeros]
+        self._outputs = [
+            ortvalue.ortvalue_from_shape_and_type(o.shape, o.dtype, "cuda", DEVICE_ID)
+            for o in shaped
+        ]
+        binding = session.io_binding()
+        for name, value in zip(plan.input_names, self._inputs):
+            binding.bind_ortvalue_input(name, value)
+        for name, value in zip(plan.output_names, self._outputs):
+            binding.bind_ortvalue_output(name, value)
+        self._session, self._binding = session, binding
+        self._lock = threading.Lock()
+        session.run_with_iobinding(binding)  # ONNX Runtime captures the graph on this run
+
+    def run(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
+        with self._lock:
+            for value, x in zip(self._inputs, inputs):
+                value.update_inplace(np.ascontiguousarray(x))  # host -> the captured buffer
+            self._session.run_with_iobinding(self._binding)
+            return [value.numpy() for value in self._outputs]  # device -> host: the sync
+
+
+class OnnxRuntimeTensorrt(OnnxRuntimeCuda):
+    """ONNX Runtime's TensorRT execution provider, with the CUDA one for what TensorRT leaves.
+
+    Engines are built for one optimization profile (min batch 1, opt the sample's, max
+    gpu.default_batch_sizes) and kept in a cache directory per model, precision, profile,
+    TensorRT version and GPU (gpu.engine_cache_key), with TensorRT's timing cache beside
+    them: a second optimize() of the same model loads the engine instead of building it.
+    """
+
+    name = "onnxruntime-tensorrt"
+    kind = "onnxruntime-tensorrt"
+    provider = TENSORRT_EP
+    runtime_packages = ("onnxruntime-gpu", "tensorrt")
+    rehearse_in_child = True  # the child builds the engine into the cache; this process loads it
+    fp16 = False
+
+    def __init__(self, settings: OrtSettings | None = None):
+        super().__init__(settings, cuda_graph=False)
+
+    def provider_options(self, target: Target, model_bytes: bytes) -> list:
+        _, exported = self._saved
+        profile = profile_shapes(
+            target.signature, default_batch_sizes(target.signature), exported.input_names
+        )
+        gpu = gpu_facts().gpu_name or "unknown GPU"
+        versions = f"onnxruntime {package_version('onnxruntime-gpu')}, " + (
+            f"tensorrt {package_version('tensorrt')}"
+        )
+        key = engine_cache_key(model_bytes, self.precision, profile, versions, gpu)
+        cache = engine_cache_dir() / "onnxruntime" / key
+        cache.mkdir(parents=True, exist_ok=True)
+        options = {
+            "device_id": DEVICE_ID,
+            "trt_engine_cache_enable": True,
+            "trt_engine_cache_path": str(cache),
+            "trt_timing_cache_enable": True,
+            "trt_timing_cache_path": str(cache),
+            "trt_fp16_enable": self.fp16,
+            **profile.ort_options(),
+        }
+        self.engine_cache = cache
+        return [(TENSORRT_EP, options), (CUDA_EP, {"device_id": DEVICE_ID})]
+
+    def save_artifact(self, directory: Path) -> dict:
+        settings = super().save_artifact(directory)
+        settings.pop("cuda_graph")
+        return settings
+
+    @classmethod
+    def _from_settings(cls, settings: dict) -> OnnxRuntimeCuda:
+        return cls(OrtSettings(**settings["session"]))
+
+
+class OnnxRuntimeTensorrtFp16(OnnxRuntimeTensorrt):
+    """The same with `trt_fp16_enable`: TensorRT may run layers in fp16 (reduced precision)."""
+
+    name = "onnxruntime-tensorrt-fp16"
+    precision = "fp16"
+    rehearse_in_child = True
+    fp16 = True
+
+
+def onnxruntime_gpu_variants() -> dict[str, Callable[[], Backend]]:
+    """The CUDA session, its CUDA-graph variant, the TensorRT provider in fp32 and fp16."""
+    return {
+        OnnxRuntimeCuda.name: OnnxRuntimeCuda,
+        OnnxRuntimeCuda.name + ":graph": partial(OnnxRuntimeCuda, cuda_graph=True),
+        OnnxRuntimeTensorrt.name: OnnxRuntimeTensorrt,
+        OnnxRuntimeTensorrtFp16.name: OnnxRuntimeTensorrtFp16,
+    }
