@@ -122,9 +122,13 @@ def per_candidate(model: str, batch: int | None, rounds: int = 2) -> list[dict]:
     `rounds` rounds; the anonymous memory each run left behind once its result was dropped.
     The first round shows what each runtime keeps once it has run; later rounds, whether
     anything grows with every call."""
-    import infertune
+    from infertune.backends import BACKENDS
 
-    names = [n for n in infertune.available_backends()[1:] if not n.endswith(("int8", "bf16"))]
+    names = [
+        name
+        for name, make in BACKENDS.items()
+        if make().precision == "fp32" and make().available() is None  # those that run here
+    ]
     measured = measure(model, batch, [[name] for name in names] * rounds)
     rows, previous = [], measured["before_mb"]["RssAnon"]
     for i, dropped in enumerate(measured["dropped_mb"]):

@@ -36,6 +36,22 @@ def dense_model(in_dim: int = 6, out_dim: int = 3, seed: int = 0):
     )
 
 
+def flatten_cnn(seed: int = 0):
+    """Conv2D -> Flatten -> Dense on 8x8x1: at a free batch, Flatten's reshape needs shape
+    arithmetic at run time; at a fixed shape the converter folds it (LiteRT's two models)."""
+    import keras
+
+    keras.utils.set_random_seed(seed)
+    return keras.Sequential(
+        [
+            keras.Input((8, 8, 1)),
+            keras.layers.Conv2D(4, 3, activation="relu"),
+            keras.layers.Flatten(),
+            keras.layers.Dense(3),
+        ]
+    )
+
+
 def dict_model(seed: int = 0):
     """Two inputs (float features, int token ids) in a dict, two outputs in a dict."""
     import keras

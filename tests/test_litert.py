@@ -7,10 +7,18 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import assert_matches_model, dense_model, dict_model, dict_sample, prepared_backend
+from conftest import (
+    assert_matches_model,
+    dense_model,
+    dict_model,
+    dict_sample,
+    flatten_cnn,
+    prepared_backend,
+)
 
 import infertune
 from infertune.backends.litert import LiteRT, _input_order, _output_order
+from infertune.target import Target
 
 needs_litert = pytest.mark.skipif(
     importlib.util.find_spec("ai_edge_litert") is None, reason="ai-edge-litert not installed"
@@ -111,10 +119,11 @@ def test_any_batch_size_resizes_only_when_it_changes(make_model, make_input, exp
         calls_per_batch[batch] = calls_per_batch.get(batch, 0) + len(resizes) - before
         assert_matches_model(expected(model, x), got, rtol=FP32_RTOL, atol=FP32_ATOL)
     inputs = len(signature.specs)
-    # The sample's batch runs the model converted at its shape (no resize). The free-batch
-    # model's first call resizes from its converted batch of 1 (one resize per input), each
-    # new size resizes once, and the repeated size never does.
-    assert calls_per_batch == {4: 0, 1: inputs, 9: inputs}
+    # Where a model converted at the sample's shape runs the sample's batch, that batch never
+    # resizes. The free-batch model's first call resizes from its converted batch of 1 (one
+    # resize per input), each new size resizes once, and the repeated size never does.
+    at_sample = 0 if backend._fixed_run is not None else inputs
+    assert calls_per_batch == {4: at_sample, 1: inputs, 9: inputs}
 
 
 @needs_litert
@@ -127,18 +136,10 @@ def test_xnnpack_runs_the_float_ops():
 
 
 @needs_litert
-def test_the_sample_shape_runs_a_model_converted_at_that_shape():
-    import keras
+def test_the_sample_shape_runs_a_model_converted_at_that_shape(tmp_path):
+    from infertune.structure import flatten
 
-    keras.utils.set_random_seed(0)
-    model = keras.Sequential(
-        [
-            keras.Input((8, 8, 1)),
-            keras.layers.Conv2D(4, 3, activation="relu"),
-            keras.layers.Flatten(),
-            keras.layers.Dense(3),
-        ]
-    )
+    model = flatten_cnn()
     sample = np.random.default_rng(0).random((4, 8, 8, 1), dtype=np.float32)
     backend, signature = prepared(model, sample)
 
@@ -153,6 +154,23 @@ def test_the_sample_shape_runs_a_model_converted_at_that_shape():
         got = backend.run(signature.flatten(x))
         np.testing.assert_allclose(got[0], model(x), rtol=FP32_RTOL, atol=FP32_ATOL)
     assert backend._fixed_run.idle[0].shapes == [(4, 8, 8, 1)]  # never resized
+    # Both models are saved, and a loaded backend runs each at its shapes.
+    settings = backend.save_artifact(tmp_path)
+    assert (tmp_path / "model-fixed.tflite").is_file()
+    target = Target(None, signature, flatten(np.zeros(1))[1], [np.dtype("float32")])
+    loaded = LiteRT.load_artifact(tmp_path, settings, target)
+    assert loaded._fixed_run is not None
+    for batch in (4, 3):
+        x = signature.flatten(np.random.default_rng(batch).random((batch, 8, 8, 1), "float32"))
+        np.testing.assert_array_equal(loaded.run(x)[0], backend.run(x)[0])
+
+
+@needs_litert
+def test_a_fixed_conversion_with_the_same_operators_is_dropped():
+    # Dense layers need no shape arithmetic: both conversions are the same graph, and a
+    # second copy of the weights would buy nothing.
+    backend, _ = prepared(dense_model(), np.ones((4, 6), "float32"))
+    assert backend._fixed is None and backend._fixed_run is None
 
 
 @needs_litert

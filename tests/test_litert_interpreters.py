@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
-from conftest import dense_model, dict_model, dict_sample, prepared_backend
+from conftest import dense_model, dict_model, dict_sample, flatten_cnn, prepared_backend
 
 from infertune.backends.litert import LiteRT
 
@@ -90,7 +90,7 @@ def test_calls_at_once_never_share_an_interpreter(make_model, make_input):
         results = list(pool.map(backend.run, inputs))
     assert not any(overlap)
     sizes = [len(interpreters.idle) for interpreters in pools(backend)]
-    assert len(sizes) == 2 and sum(sizes) > 2  # more opened for the overlap...
+    assert sum(sizes) > len(sizes)  # more opened for the overlap...
     assert all(size <= 8 for size in sizes)  # ...at most one per thread
     for got, want in zip(results, expected):
         for a, b in zip(got, want):
@@ -105,10 +105,11 @@ def test_a_closed_backend_cannot_be_called():
 
 
 def test_the_single_array_runner_at_the_tuned_shape_never_shares_an_interpreter():
-    backend, signature = prepared(dense_model(), _dense_input(4))
-    single = backend.single_runner((4, 6))
-    assert single is not None and backend.single_runner((3, 6)) is None
-    inputs = [_dense_input(4) + i for i in range(64)]
+    rng = np.random.default_rng(0)
+    backend, signature = prepared(flatten_cnn(), rng.random((4, 8, 8, 1), dtype=np.float32))
+    single = backend.single_runner((4, 8, 8, 1))
+    assert single is not None and backend.single_runner((3, 8, 8, 1)) is None
+    inputs = [rng.random((4, 8, 8, 1), dtype=np.float32) for _ in range(64)]
     expected = [backend.run([x])[0] for x in inputs]
     running, overlap = set(), []
     lock = threading.Lock()
