@@ -42,8 +42,8 @@ class LiteRT(Backend):
     Two conversions: one with every input at the sample's exact shape, which runs calls at
     that shape, and one with a free batch dimension for every other batch size. At a fixed
     shape the converter folds shape arithmetic (Flatten's reshape) into constants, so XNNPACK
-    takes the whole graph in one partition: 6% faster on the small demo CNN, where the free
-    batch leaves four ops between two XNNPACK partitions (benchmarks/by_hand.py converts the
+    takes the whole graph in one partition; on the small demo CNN the free batch leaves four
+    ops between two XNNPACK partitions (benchmarks/by_hand.py converts the
     same way). A model whose fixed conversion fails runs every size on the free one, and so
     does one whose two conversions have the same operators (nothing folded: a second copy of
     the weights for nothing, 200 MB more for a model of 100 MB of weights).
