@@ -99,18 +99,24 @@ class OnnxRuntimeCpu(Backend):
         self._saved = (self.model_bytes(target), exported)  # what save_artifact writes
 
     def prepare(self, target: Target) -> None:
-        import onnxruntime
-
         self.convert(target)
         model_bytes, exported = self._saved
-        self._session = onnxruntime.InferenceSession(
-            model_bytes, self.settings.session_options(), providers=[self.provider]
-        )
-        used = self._session.get_providers()
-        if used[0] != self.provider:  # ONNX Runtime falls back silently; a fallback is a failure
-            raise RuntimeError(f"ONNX Runtime used {used[0]} instead of {self.provider}")
+        self._session = self._new_session(model_bytes, [self.provider])
         self._input_names = exported.input_names
         self._output_names = exported.output_names
+
+    def _new_session(self, model_bytes: bytes, providers: list):
+        """A session with this candidate's settings on `providers` (names, or (name, options)
+        pairs); the first must be `self.provider`."""
+        import onnxruntime
+
+        session = onnxruntime.InferenceSession(
+            model_bytes, self.settings.session_options(), providers=providers
+        )
+        used = session.get_providers()
+        if used[0] != self.provider:  # ONNX Runtime falls back silently; a fallback is a failure
+            raise RuntimeError(f"ONNX Runtime used {used[0]} instead of {self.provider}")
+        return session
 
     def run(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
         return self._session.run(self._output_names, dict(zip(self._input_names, inputs)))

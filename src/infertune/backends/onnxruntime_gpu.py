@@ -82,17 +82,6 @@ class OnnxRuntimeCuda(OnnxRuntimeCpu):
         """The `providers=` list of the session (a provider name and its options each)."""
         return [(CUDA_EP, {"device_id": DEVICE_ID})]
 
-    def _new_session(self, model_bytes: bytes, providers: list):
-        import onnxruntime
-
-        session = onnxruntime.InferenceSession(
-            model_bytes, self.settings.session_options(), providers=providers
-        )
-        used = session.get_providers()
-        if used[0] != self.provider:  # ONNX Runtime falls back silently; a fallback is a failure
-            raise RuntimeError(f"ONNX Runtime used {used[0]} instead of {self.provider}")
-        return session
-
     def prepare(self, target: Target) -> None:
         self.convert(target)
         model_bytes, exported = self._saved
