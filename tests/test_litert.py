@@ -102,14 +102,14 @@ def test_any_batch_size_resizes_only_when_it_changes(make_model, make_input, exp
     model = make_model()
     backend, signature = prepared(model, make_input(4))
     resizes = []
-    interpreter = backend._free.idle[-1].interpreter  # the sample's shape runs the fixed one
-    resize = interpreter.resize_tensor_input
+    session = backend._free.idle[-1]  # the sample's shape runs the fixed one
+    resize = session.resize
 
-    def counting_resize(index, shape, strict=False):
+    def counting_resize(index, shape):
         resizes.append(tuple(shape))
-        return resize(index, shape, strict=strict)
+        return resize(index, shape)
 
-    interpreter.resize_tensor_input = counting_resize
+    session.resize = counting_resize
     calls_per_batch = {}
     for batch in (4, 1, 9, 9, 9):  # the sample's size, two others, then the steady state
         x = make_input(batch)

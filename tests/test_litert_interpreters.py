@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from conftest import dense_model, dict_model, dict_sample, flatten_cnn, prepared_backend
 
+from infertune.backends import litert
 from infertune.backends.litert import LiteRT
 
 pytestmark = pytest.mark.skipif(
@@ -59,33 +60,27 @@ def test_calls_at_once_never_share_an_interpreter(make_model, make_input):
     running, overlap = set(), []
     lock = threading.Lock()
 
-    def watched(interpreter):  # records an interpreter entered while it was already running
-        invoke = interpreter.invoke
+    def watched(session):  # records an interpreter entered while it was already running
+        invoke = session.invoke
 
         def checked_invoke():
             with lock:
-                overlap.append(id(interpreter) in running)
-                running.add(id(interpreter))
+                overlap.append(id(session) in running)
+                running.add(id(session))
             try:
                 time.sleep(0.001)  # holds it busy, so that the other threads' calls overlap
                 invoke()
             finally:
                 with lock:
-                    running.discard(id(interpreter))
+                    running.discard(id(session))
 
-        interpreter.invoke = checked_invoke
+        session.invoke = checked_invoke
+        return session
 
     for interpreters in pools(backend):
-        opened = interpreters._open
         for session in interpreters.idle:
-            watched(session.interpreter)
-
-        def open_watched(opened=opened):
-            interpreter = opened()
-            watched(interpreter)
-            return interpreter
-
-        interpreters._open = open_watched
+            watched(session)
+        interpreters._session = lambda opened=interpreters._session: watched(opened())
     with ThreadPoolExecutor(8) as pool:
         results = list(pool.map(backend.run, inputs))
     assert not any(overlap)
@@ -114,20 +109,19 @@ def test_the_single_array_runner_at_the_tuned_shape_never_shares_an_interpreter(
     running, overlap = set(), []
     lock = threading.Lock()
     for session in backend._fixed_run.idle:
-        interpreter, invoke = session.interpreter, session.interpreter.invoke
 
-        def checked_invoke(interpreter=interpreter, invoke=invoke):
+        def checked_invoke(session=session, invoke=session.invoke):
             with lock:
-                overlap.append(id(interpreter) in running)
-                running.add(id(interpreter))
+                overlap.append(id(session) in running)
+                running.add(id(session))
             try:
                 time.sleep(0.001)
                 invoke()
             finally:
                 with lock:
-                    running.discard(id(interpreter))
+                    running.discard(id(session))
 
-        interpreter.invoke = checked_invoke
+        session.invoke = checked_invoke
     with ThreadPoolExecutor(8) as pool:
         results = list(pool.map(single, inputs))
     # Interpreters opened for the overlap are not watched; the watched one never ran twice
@@ -139,3 +133,25 @@ def test_the_single_array_runner_at_the_tuned_shape_never_shares_an_interpreter(
     backend.close()
     with pytest.raises(RuntimeError, match="closed"):
         single(inputs[0])
+
+
+@pytest.mark.parametrize("make_model, make_input", MODELS)
+def test_the_native_calls_and_the_public_methods_give_the_same_results(
+    make_model, make_input, monkeypatch
+):
+    """Calls go to the interpreter's native wrapper; an ai-edge-litert whose wrapper lacks one
+    of its methods (stood for by asking for a method no wrapper has) gets the public ones."""
+    model = make_model()
+    batches = (4, 1, 9, 9)  # the sample's batch (fixed model), then resizes of the free one
+    native, _ = prepared(model, make_input(4))
+    session = native._free.idle[-1]
+    assert session.invoke.__self__ is session.interpreter._interpreter  # the native path
+    with monkeypatch.context() as patch:
+        patch.setattr(litert, "_NATIVE_CALLS", (*litert._NATIVE_CALLS, "NoSuchMethod"))
+        public, signature = prepared(model, make_input(4))
+    session = public._free.idle[-1]
+    assert session.invoke == session.interpreter.invoke  # the public path
+    for batch in batches:
+        flat = signature.flatten(make_input(batch))
+        for a, b in zip(native.run(flat), public.run(flat)):
+            np.testing.assert_array_equal(a, b)  # same model, same kernels: bit-identical
