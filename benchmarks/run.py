@@ -10,7 +10,11 @@ checks the targets (exit code 1 if one fails):
 * every case: the callable within 10% (or 5 us) of calling its chosen runtime directly;
 * every case: infertune at least 0.97x as fast as the fastest exact by-hand default
   (an exact one: relative error within rtol=1e-3 of `model(x)`);
-* at least two cases clearly faster (>= 1.1x) than the fastest exact by-hand default.
+* at least two cases clearly faster (>= 1.1x) than the fastest exact by-hand default
+  (not checked with --busy-cores: what tuning wins here is mostly the second core).
+
+`--busy-cores N` keeps N cores busy with spinning processes for the whole run, as another
+tenant of a shared machine does: the case where one thread beats two.
 
     python benchmarks/run.py [--cases small-cnn-b1,mlp-b1000] [--out docs/benchmarks]
 """
@@ -18,9 +22,11 @@ checks the targets (exit code 1 if one fails):
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -172,7 +178,7 @@ def markdown(results: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def check_targets(results: list[dict]) -> list[str]:
+def check_targets(results: list[dict], busy_cores: int = 0) -> list[str]:
     checks: list[tuple[bool, str]] = []
     for r in results:
         case, speedup, took = r["case"], r["vs_model_call"], r["optimize_s"]
@@ -191,7 +197,7 @@ def check_targets(results: list[dict]) -> list[str]:
         checks.append(
             (ratio >= 0.97, f"{case}: {ratio:.2f}x the best exact by-hand default {best} (>= 0.97)")
         )
-    if len(results) > 2:
+    if len(results) > 2 and not busy_cores:
         clearly = [r["case"] for r in results if r["vs_best_exact_by_hand"] >= 1.1]
         checks.append(
             (len(clearly) >= 2, f">= 1.1x the best exact by-hand default on {clearly} (>= 2 cases)")
@@ -223,17 +229,35 @@ def plot(results: list[dict], path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
+@contextlib.contextmanager
+def busy(cores: int):
+    """`cores` processes spinning on the CPU while the block runs (another tenant's load)."""
+    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(cores)]
+    try:
+        yield
+    finally:
+        for spinner in spinners:
+            spinner.kill()
+            spinner.wait()
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cases", default=",".join(CASES), help="comma-separated case names")
     parser.add_argument("--out", type=Path, default=Path("docs/benchmarks"))
     parser.add_argument("--budget", type=float, default=15.0, help="measurement s per case")
+    parser.add_argument(
+        "--busy-cores", type=int, default=0, help="cores kept busy by other processes meanwhile"
+    )
     args = parser.parse_args()
     cases = [c for c in args.cases.split(",") if c]
     unknown = [c for c in cases if c not in CASES]
     if unknown:
         parser.error(f"unknown cases {unknown}; known: {list(CASES)}")
-    results = [run_case(case, args.budget) for case in cases]
+    if args.busy_cores < 0:
+        parser.error("--busy-cores must be 0 or more")
+    with busy(args.busy_cores):
+        results = [run_case(case, args.budget) for case in cases]
     env = collect_environment()
     cpu = env["cpu"]
     machine = (
@@ -241,10 +265,12 @@ def main() -> int:
         f"{env['platform']}, Python {platform.python_version()}, "
         + ", ".join(f"{k} {v}" for k, v in env["packages"].items() if v)
     )
-    targets = check_targets(results)
+    targets = check_targets(results, args.busy_cores)
+    busy_note = f" {args.busy_cores} core(s) kept busy by other processes." * (args.busy_cores > 0)
     text = "\n\n".join(
         [
-            "Median ms per call (p50), all columns timed in one interleaved run per case.",
+            "Median ms per call (p50), all columns timed in one interleaved run per case."
+            + busy_note,
             f"Machine: {machine}",
             markdown(results),
             "\n".join(targets),

@@ -103,7 +103,7 @@ def test_the_single_array_runner_at_the_tuned_shape_never_shares_an_interpreter(
     rng = np.random.default_rng(0)
     backend, signature = prepared(flatten_cnn(), rng.random((4, 8, 8, 1), dtype=np.float32))
     single = backend.single_runner((4, 8, 8, 1))
-    assert single is not None and backend.single_runner((3, 8, 8, 1)) is None
+    assert single is not None
     inputs = [rng.random((4, 8, 8, 1), dtype=np.float32) for _ in range(64)]
     expected = [backend.run([x])[0] for x in inputs]
     running, overlap = set(), []
@@ -155,3 +155,26 @@ def test_the_native_calls_and_the_public_methods_give_the_same_results(
         flat = signature.flatten(make_input(batch))
         for a, b in zip(native.run(flat), public.run(flat)):
             np.testing.assert_array_equal(a, b)  # same model, same kernels: bit-identical
+
+
+def test_a_single_array_runner_at_another_batch_size_resizes_only_when_the_shape_changed():
+    backend, _ = prepared(dense_model(), _dense_input(4))
+    single = backend.single_runner((3, 6))  # not the sample's batch: the free-batch model
+    resizes = []
+    for session in backend._free.idle:
+        resize = session.resize
+
+        def counting_resize(index, shape, resize=resize):
+            resizes.append(tuple(shape))
+            return resize(index, shape)
+
+        session.resize = counting_resize
+    x3, x5 = _dense_input(3), _dense_input(5)
+    expected3 = backend.run([x3])[0]  # resizes to 3 (the first call at any size does)
+    runs = [single(x3) for _ in range(3)]  # already at 3: no resize
+    backend.run([x5])  # another call resizes the interpreter to 5...
+    runs.append(single(x3))  # ...and the runner resizes it back
+    runs.append(single(x3))
+    assert resizes == [(3, 6), (5, 6), (3, 6)]
+    for got in runs:
+        np.testing.assert_array_equal(got, expected3)

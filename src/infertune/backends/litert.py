@@ -114,11 +114,13 @@ class LiteRT(Backend):
         return self._free.run_one(array)
 
     def single_runner(self, shape: tuple[int, ...]) -> Callable[[np.ndarray], np.ndarray] | None:
-        """The fixed-shape model's interpreters, called with no shape dispatch (one in, one
-        out, at the sample's shape only)."""
-        if not self._one_in_one_out or shape != self._fixed_shape0:
+        """One array of `shape` in, one out: the fixed-shape model's interpreters at the
+        sample's shape, the free-batch model's at any other."""
+        if not self._one_in_one_out:
             return None
-        return self._fixed_run.single()
+        if shape == self._fixed_shape0:
+            return self._fixed_run.single(self._fixed_shape0)
+        return self._free.single(tuple(shape))
 
     def close(self) -> None:
         for interpreters in (self._free, self._fixed_run):
@@ -229,15 +231,17 @@ class _Interpreters:
         finally:
             idle.append(session)
 
-    def single(self) -> Callable[[np.ndarray], np.ndarray]:
-        """`run_one` for a model converted at a fixed shape and an array of that shape: the
-        sessions never resize, so there is nothing to compare before the call."""
-        idle, new_session, first_input, first_output = (
-            self.idle,
-            self._session,
-            self.input0,
-            self.output0,
-        )
+    def single(self, shape: tuple[int, ...]) -> Callable[[np.ndarray], np.ndarray]:
+        """`run_one` for arrays of exactly `shape`, with no dispatch and no lists.
+
+        A session this runner has run holds `shape` itself as its shape0, and the sessions of
+        a model converted at `shape` hold the same object (`_session`), so one identity
+        comparison finds the sessions that need no resizing; a session another call resized
+        to some other batch size is resized back once."""
+        if self._shapes is not None and shape == self._shapes[0]:
+            shape = self._shapes[0]  # the very object its sessions hold
+        idle, new_session, resize = self.idle, self._session, self._resize
+        first_input, first_output, shapes = self.input0, self.output0, [shape]
 
         def run(array: np.ndarray) -> np.ndarray:
             try:
@@ -245,6 +249,10 @@ class _Interpreters:
             except IndexError:
                 session = new_session()
             try:
+                if session.shape0 is not shape:
+                    if session.shape0 != shape:
+                        resize(session, shapes)
+                    session.shapes, session.shape0 = shapes, shape
                 session.set_tensor(first_input, array)
                 session.invoke()
                 return session.get_tensor(first_output)  # a copy
