@@ -536,8 +536,14 @@ def _close(backend: Backend) -> None:
 
 
 def _select(results: list[CandidateResult], objective: str) -> tuple[CandidateResult, str]:
-    """The fastest by the objective. Candidates not clearly slower than it (round by round,
-    see measure.clearly_slower) tie with it; a tie is broken by _tie_key."""
+    """The fastest by the objective, or a candidate within noise of it: the candidates that
+    are clearly slower (round by round, see measure.clearly_slower) than no other tie, and
+    _tie_key breaks the tie.
+
+    Comparing each with every other, not just with the fastest, matters when the fastest is
+    erratic (a runtime whose threads share a core with another process: some rounds at full
+    speed, some at half): it is then clearly faster than no one, and a steady candidate 20%
+    slower than a steady third one must not win the tie for being cheaper to start."""
     measured = [r for r in results if r.status == "ok" and r.latency is not None]
     if not measured:
         raise ModelError("No candidate could be measured, not even the model itself.")
@@ -547,9 +553,18 @@ def _select(results: list[CandidateResult], objective: str) -> tuple[CandidateRe
 
     fastest = min(measured, key=cost)
     statistic = "median" if objective == "latency" else "mean"
-    tied = [
-        r for r in measured if not clearly_slower(r.latency, fastest.latency, statistic=statistic)
-    ]
+    beaten = {
+        id(r): next(
+            (
+                other
+                for other in sorted(measured, key=cost)
+                if other is not r and clearly_slower(r.latency, other.latency, statistic=statistic)
+            ),
+            None,
+        )
+        for r in measured
+    }
+    tied = [r for r in measured if beaten[id(r)] is None] or [fastest]
     chosen = min(tied, key=_tie_key)
     chosen.status = "selected"
     baseline = results[0]
@@ -557,8 +572,13 @@ def _select(results: list[CandidateResult], objective: str) -> tuple[CandidateRe
     why = f"{unit} {cost(chosen):.4g} ms"
     if baseline is not chosen and baseline.latency is not None:
         why += f", {cost(baseline) / cost(chosen):.1f}x faster than {baseline.name}"
-    if chosen is not fastest:
+    if chosen is not fastest and fastest in tied:
         why += f"; within noise of {fastest.name}, preferred ({_tie_words(chosen, fastest)})"
+    elif chosen is not fastest:
+        why += (
+            f"; {fastest.name} has the lowest {unit} ({cost(fastest):.4g} ms) but is clearly "
+            f"slower than {beaten[id(fastest)].name} round by round"
+        )
     for r in measured:
         if r is chosen:
             continue
@@ -567,9 +587,15 @@ def _select(results: list[CandidateResult], objective: str) -> tuple[CandidateRe
                 f"within noise of {chosen.name} ({unit} {cost(r):.4g} ms); {chosen.name} "
                 f"preferred ({_tie_words(chosen, r)})"
             )
-        else:
+        elif clearly_slower(r.latency, chosen.latency, statistic=statistic):
             r.reason = (
                 f"{cost(r) / cost(chosen):.2f}x slower than {chosen.name} ({unit} {cost(r):.4g} ms)"
+            )
+        else:  # within noise of the chosen one, but clearly slower than another candidate
+            winner = beaten[id(r)] or fastest
+            r.reason = (
+                f"clearly slower than {winner.name} round by round ({unit} {cost(r):.4g} ms, "
+                f"{winner.name} {cost(winner):.4g} ms)"
             )
     return chosen, why
 
