@@ -57,13 +57,17 @@ def test_table_and_json(report, tmp_path):
     assert env["cpu"]["logical_cores"] >= 1 and "threads" in env
 
 
-def _result(name, rounds, err=1e-7, precision="fp32", prepare_s=1.0, means=None, p50=None):
+def _result(
+    name, rounds, err=1e-7, precision="fp32", prepare_s=1.0, means=None, p50=None, p90=None
+):
     """A measured candidate with these per-round medians (ms), as interleaved rounds give;
-    its p50 over all calls is theirs unless given (rounds hold different numbers of calls)."""
+    its p50 over all calls is theirs unless given (rounds hold different numbers of calls),
+    and its p90 is its p50 unless given."""
     p50 = float(np.median(rounds)) if p50 is None else p50
+    p90 = p50 if p90 is None else p90
     means = means or rounds
     stats = LatencyStats(
-        p50, p50, p50, float(np.mean(means)), min(rounds), 100, len(rounds), 0.0, True,
+        p50, p90, p90, float(np.mean(means)), min(rounds), 100, len(rounds), 0.0, True,
         tuple(rounds), tuple(means),
     )  # fmt: skip
     return CandidateResult(
@@ -96,15 +100,28 @@ def test_select_never_takes_a_candidate_clearly_slower_than_another():
     # candidate cheaper to start must still not win the tie when a steady third is clearly
     # faster than it (measured: tf-function at 10.8 ms chosen over ONNX Runtime at 9.0 ms).
     erratic = _result(
-        "erratic", [16.0, 12.0, 15.1, 15.9, 8.7, 8.5, 8.8, 8.9], prepare_s=3.0, p50=8.75
+        "erratic", [16.0, 12.0, 15.1, 15.9, 8.7, 8.5, 8.8, 8.9], prepare_s=3.0, p50=8.75, p90=16
     )
-    steady = _result("steady", [9.2, 8.9, 9.3, 9.0, 9.0, 9.0, 9.1, 8.7], prepare_s=3.0)
+    steady = _result("steady", [9.2, 8.9, 9.3, 9.0, 9.0, 9.0, 9.1, 8.7], prepare_s=3.0, p90=9.3)
     cheap = _result("cheap", [13.6, 9.8, 10.5, 11.1, 10.8, 10.7, 10.6, 10.7], prepare_s=0.2)
     base = _result("keras-eager", [11.4, 11.4, 11.9, 11.8, 11.4, 11.4, 11.1, 11.4], prepare_s=0)
     chosen, why = _select([base, erratic, steady, cheap], "latency")
-    assert chosen is erratic  # tied with steady, same start cost: the faster median
-    assert steady.reason.startswith("within noise of erratic")
-    assert cheap.reason.startswith("clearly slower than steady round by round")
+    # Tied with the erratic one on the median, at the same start cost: the steadier tail.
+    assert chosen is steady and "within noise of erratic, preferred (steadier" in why
+    assert erratic.reason.startswith("within noise of steady")
+    assert cheap.reason.startswith("1.19x slower than steady")
+
+
+def test_select_breaks_a_tie_on_the_median_by_the_tail():
+    # Medians within noise, same precision, error and start cost: the lower p90 wins for
+    # latency, whichever has the lower median; the lower mean for throughput.
+    rounds = [1.00, 1.02, 0.99, 1.01, 1.00, 0.98]
+    tail = _result("tail", rounds, p50=0.99, p90=1.8, means=[1.3] * 6)
+    even = _result("even", rounds, p50=1.00, p90=1.1, means=[1.05] * 6)
+    chosen, why = _select([_result("keras-eager", [3.0] * 6), tail, even], "latency")
+    assert chosen is even and "steadier: lower p90" in why
+    tail.status = even.status = "ok"
+    assert _select([_result("keras-eager", [3.0] * 6), tail, even], "throughput")[0] is even
 
 
 def test_select_explains_a_fastest_median_that_loses_round_by_round():

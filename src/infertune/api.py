@@ -565,7 +565,7 @@ def _select(results: list[CandidateResult], objective: str) -> tuple[CandidateRe
         for r in measured
     }
     tied = [r for r in measured if beaten[id(r)] is None] or [fastest]
-    chosen = min(tied, key=_tie_key)
+    chosen = min(tied, key=lambda r: _tie_key(r, objective))
     chosen.status = "selected"
     baseline = results[0]
     unit = "p50" if objective == "latency" else "mean"
@@ -573,7 +573,8 @@ def _select(results: list[CandidateResult], objective: str) -> tuple[CandidateRe
     if baseline is not chosen and baseline.latency is not None:
         why += f", {cost(baseline) / cost(chosen):.1f}x faster than {baseline.name}"
     if chosen is not fastest and fastest in tied:
-        why += f"; within noise of {fastest.name}, preferred ({_tie_words(chosen, fastest)})"
+        words = _tie_words(chosen, fastest, objective)
+        why += f"; within noise of {fastest.name}, preferred ({words})"
     elif chosen is not fastest:
         why += (
             f"; {fastest.name} has the lowest {unit} ({cost(fastest):.4g} ms) but is clearly "
@@ -585,7 +586,7 @@ def _select(results: list[CandidateResult], objective: str) -> tuple[CandidateRe
         if r in tied:
             r.reason = (
                 f"within noise of {chosen.name} ({unit} {cost(r):.4g} ms); {chosen.name} "
-                f"preferred ({_tie_words(chosen, r)})"
+                f"preferred ({_tie_words(chosen, r, objective)})"
             )
         elif clearly_slower(r.latency, chosen.latency, statistic=statistic):
             r.reason = (
@@ -600,14 +601,19 @@ def _select(results: list[CandidateResult], objective: str) -> tuple[CandidateRe
     return chosen, why
 
 
-def _tie_key(r: CandidateResult) -> tuple:
+def _tie_key(r: CandidateResult, objective: str = "latency") -> tuple:
     """Full precision first, then the smaller error and the cheaper start (prepare plus first
-    call), each by decade (2e-7 and 3e-7 are the same float32 round-off), then the faster."""
+    call), each by decade (2e-7 and 3e-7 are the same float32 round-off), then the steadier:
+    the lower p90 for latency (the medians are within noise: the tail is the difference a
+    caller sees, as with a runtime whose threads share a busy core), the lower mean for
+    throughput; then the faster median."""
+    latency = r.latency
     return (
         r.precision != "fp32",
         _decade(r.max_rel_err or 0.0),
         _decade((r.prepare_s or 0.0) + (r.first_call_ms or 0.0) / 1e3),  # XLA compiles late
-        r.latency.p50 if r.latency else math.inf,
+        (latency.p90 if objective == "latency" else latency.mean) if latency else math.inf,
+        latency.p50 if latency else math.inf,
     )
 
 
@@ -616,14 +622,16 @@ def _decade(value: float, floor: int = -6) -> int:
     return max(math.floor(math.log10(value)), floor) if value > 0 else floor
 
 
-def _tie_words(chosen: CandidateResult, other: CandidateResult) -> str:
-    a, b = _tie_key(chosen), _tie_key(other)
+def _tie_words(chosen: CandidateResult, other: CandidateResult, objective: str) -> str:
+    a, b = _tie_key(chosen, objective), _tie_key(other, objective)
     if a[0] != b[0]:
         return "full precision"
     if a[1] != b[1]:
         return "more exact"
     if a[2] != b[2]:
         return "cheaper to start"
+    if a[3] != b[3]:
+        return "steadier: lower p90" if objective == "latency" else "lower mean"
     return "faster median"
 
 
