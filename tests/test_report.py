@@ -124,6 +124,22 @@ def test_select_breaks_a_tie_on_the_median_by_the_tail():
     assert _select([_result("keras-eager", [3.0] * 6), tail, even], "throughput")[0] is even
 
 
+def test_select_never_takes_an_erratic_candidate_well_above_the_lowest_median():
+    # XLA on a loaded machine: most rounds 30% slower than OpenVINO, a few much faster, so
+    # it is clearly slower than no one; cheaper to start, it must still not win the tie.
+    erratic = _result(
+        "erratic",
+        [11.5, 8.5, 11.6, 8.4, 11.5, 11.6, 7.7, 9.0, 11.8, 11.2, 11.3, 6.7],
+        prepare_s=0.01,
+    )
+    steady = _result(
+        "steady", [8.7, 8.7, 8.7, 9.7, 8.8, 9.0, 8.8, 9.0, 10.6, 8.7, 8.9, 10.0], prepare_s=2.0
+    )
+    assert not clearly_slower(erratic.latency, steady.latency)
+    chosen, _ = _select([_result("keras-eager", [20.0] * 12), erratic, steady], "latency")
+    assert chosen is steady and erratic.reason.startswith("1.27x slower than steady")
+
+
 def test_select_explains_a_fastest_median_that_loses_round_by_round():
     # Lowest p50 over all calls (its fast rounds held the most calls), but slower than
     # "steady" in three rounds of four.

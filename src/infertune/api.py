@@ -536,14 +536,17 @@ def _close(backend: Backend) -> None:
 
 
 def _select(results: list[CandidateResult], objective: str) -> tuple[CandidateResult, str]:
-    """The fastest by the objective, or a candidate within noise of it: the candidates that
-    are clearly slower (round by round, see measure.clearly_slower) than no other tie, and
-    _tie_key breaks the tie.
+    """The fastest candidate by the objective, or one within noise of it.
 
-    Comparing each with every other, not just with the fastest, matters when the fastest is
-    erratic (a runtime whose threads share a core with another process: some rounds at full
-    speed, some at half): it is then clearly faster than no one, and a steady candidate 20%
-    slower than a steady third one must not win the tie for being cheaper to start."""
+    A candidate is out when another is clearly faster than it (round by round, see
+    measure.clearly_slower), or when its median (mean, for throughput) is more than
+    _TIE_REL above the lowest of those left; the rest tie, and _tie_key breaks the tie.
+
+    Each is compared with every other, not just with the one of lowest median: on a machine
+    whose other cores are busy, a multi-threaded runtime is erratic (some rounds at full
+    speed, some at half), clearly faster than no one and clearly slower than no one. A
+    steady candidate must not win the tie for its cheaper start over a steady one clearly
+    faster than it, nor an erratic one 20% slower in the median."""
     measured = [r for r in results if r.status == "ok" and r.latency is not None]
     if not measured:
         raise ModelError("No candidate could be measured, not even the model itself.")
@@ -551,20 +554,22 @@ def _select(results: list[CandidateResult], objective: str) -> tuple[CandidateRe
     def cost(r: CandidateResult) -> float:  # ms per call by the objective's statistic
         return r.latency.p50 if objective == "latency" else r.latency.mean
 
-    fastest = min(measured, key=cost)
     statistic = "median" if objective == "latency" else "mean"
-    beaten = {
+    by_cost = sorted(measured, key=cost)
+    fastest = by_cost[0]
+    beaten = {  # the fastest candidate clearly faster than r, if any
         id(r): next(
             (
-                other
-                for other in sorted(measured, key=cost)
-                if other is not r and clearly_slower(r.latency, other.latency, statistic=statistic)
+                o
+                for o in by_cost
+                if o is not r and clearly_slower(r.latency, o.latency, statistic=statistic)
             ),
             None,
         )
         for r in measured
     }
-    tied = [r for r in measured if beaten[id(r)] is None] or [fastest]
+    unbeaten = [r for r in by_cost if beaten[id(r)] is None] or [fastest]
+    tied = [r for r in unbeaten if cost(r) <= cost(unbeaten[0]) * (1 + _TIE_REL)]
     chosen = min(tied, key=lambda r: _tie_key(r, objective))
     chosen.status = "selected"
     baseline = results[0]
@@ -575,7 +580,7 @@ def _select(results: list[CandidateResult], objective: str) -> tuple[CandidateRe
     if chosen is not fastest and fastest in tied:
         words = _tie_words(chosen, fastest, objective)
         why += f"; within noise of {fastest.name}, preferred ({words})"
-    elif chosen is not fastest:
+    elif chosen is not fastest:  # the lowest cost, but another was faster in most rounds
         why += (
             f"; {fastest.name} has the lowest {unit} ({cost(fastest):.4g} ms) but is clearly "
             f"slower than {beaten[id(fastest)].name} round by round"
@@ -583,22 +588,29 @@ def _select(results: list[CandidateResult], objective: str) -> tuple[CandidateRe
     for r in measured:
         if r is chosen:
             continue
+        winner = beaten[id(r)]
         if r in tied:
             r.reason = (
                 f"within noise of {chosen.name} ({unit} {cost(r):.4g} ms); {chosen.name} "
                 f"preferred ({_tie_words(chosen, r, objective)})"
             )
-        elif clearly_slower(r.latency, chosen.latency, statistic=statistic):
-            r.reason = (
-                f"{cost(r) / cost(chosen):.2f}x slower than {chosen.name} ({unit} {cost(r):.4g} ms)"
-            )
-        else:  # within noise of the chosen one, but clearly slower than another candidate
-            winner = beaten[id(r)] or fastest
+        elif winner is not None and not clearly_slower(
+            r.latency, chosen.latency, statistic=statistic
+        ):
             r.reason = (
                 f"clearly slower than {winner.name} round by round ({unit} {cost(r):.4g} ms, "
                 f"{winner.name} {cost(winner):.4g} ms)"
             )
+        else:  # clearly slower than the chosen one, or erratic and well above it
+            r.reason = (
+                f"{cost(r) / cost(chosen):.2f}x slower than {chosen.name} ({unit} {cost(r):.4g} ms)"
+            )
     return chosen, why
+
+
+# How far above the lowest median (mean, for throughput) a candidate that nothing beats
+# round by round still ties: the stability tolerance of the measurement (measure.py).
+_TIE_REL = 0.05
 
 
 def _tie_key(r: CandidateResult, objective: str = "latency") -> tuple:
