@@ -66,3 +66,16 @@ def test_cooldown_keeps_a_spinning_runtime_out_of_the_next_block():
     measure_interleaved(runners, budget_s=0.3, block_s=0.005, cooldown_s={"spinner": 0.03})
     gaps = [b[1] - a[2] for a, b in zip(log, log[1:]) if a[0] == "spinner" and b[0] == "next"]
     assert gaps and min(gaps) >= 0.03
+
+
+def test_a_runner_far_slower_than_its_estimate_cannot_spend_the_budget_in_one_block():
+    # Warm-up said 10 us a call (a block of 1000 calls); each call now takes 2 ms, as a
+    # runtime's threads do on a core another process spins on. Unbounded, its first block
+    # alone would take 2 s, four times the budget, and leave one round for everyone.
+    runners = {"degraded": _busy(0.002), "steady": _busy(0.0005)}
+    started = time.perf_counter()
+    result = measure_interleaved(
+        runners, budget_s=0.5, block_s=0.01, per_call_estimate_s={"degraded": 1e-5}
+    )
+    assert time.perf_counter() - started < 1.0
+    assert result.stats["degraded"].rounds == result.stats["steady"].rounds >= 5

@@ -5,7 +5,9 @@ outputs to host memory inside their call, so no asynchronous device work escapes
 Candidates are timed in interleaved rounds (A B C A B C ...), so that the drift of a shared
 machine hits all of them alike; a round gives each candidate a block of about `block_s`,
 opened by one untimed call: the switch from another runtime (whose threads may still spin
-on the cores) is charged to no one, as it never happens in production.
+on the cores) is charged to no one, as it never happens in production. A block ends early
+at five times its planned length, so a candidate far slower than its warm-up said cannot
+spend the budget in one block.
 Measurement stops when every candidate's last three round medians agree within
 `stable_rel`, or when the budget runs out; the statistics say how many calls they rest on.
 """
@@ -13,6 +15,7 @@ Measurement stops when every candidate's last three round medians agree within
 from __future__ import annotations
 
 import gc
+import math
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -168,7 +171,7 @@ def measure_interleaved(
         for name in order[shift:] + order[:shift]:
             calls = max(1, min(1000, int(block_s / max(estimate.get(name, block_s), 1e-7))))
             try:
-                block = _time_block(runners[name], calls)
+                block = _time_block(runners[name], calls, _BLOCK_OVERRUN * block_s)
             except Exception as exc:  # a runtime failing mid-measurement is reported, not raised
                 errors[name] = one_line(exc)
                 continue
@@ -197,19 +200,30 @@ def measure_interleaved(
     return MeasureResult(stats, errors, time.perf_counter() - start)
 
 
-def _time_block(fn: Callable[[], Any], calls: int) -> list[float]:
-    """Time `calls` calls, after one untimed call that absorbs the switch from the previous
-    candidate (its runtime's threads still spinning on the cores, caches full of its data)."""
+# A block ends early once it has run this many times its planned length: a candidate whose
+# calls turn 1000x slower than its estimate (two runtime threads on a core another process
+# spins on: 8 ms instead of 10 us) would otherwise spend the whole budget in one block.
+_BLOCK_OVERRUN = 5
+
+
+def _time_block(fn: Callable[[], Any], calls: int, max_s: float = math.inf) -> list[float]:
+    """Time `calls` calls, or fewer once `max_s` has passed (one at least), after one untimed
+    call that absorbs the switch from the previous candidate (its runtime's threads still
+    spinning on the cores, caches full of its data)."""
     times = []
     clock = time.perf_counter
     gc_was_enabled = gc.isenabled()
     gc.disable()  # a collection inside a timed call is noise that belongs to no candidate
     try:
         fn()
+        start = clock()
         for _ in range(calls):
             t0 = clock()
             fn()
-            times.append(clock() - t0)
+            t1 = clock()
+            times.append(t1 - t0)
+            if t1 - start > max_s:
+                break
     finally:
         if gc_was_enabled:
             gc.enable()
