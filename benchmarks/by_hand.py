@@ -63,15 +63,19 @@ def openvino_compiled(model_bytes: bytes, sample) -> Runner:
     return lambda: compiled(sample)[output]
 
 
+def tflite_bytes(model, sample) -> bytes:
+    """The model converted to TFLite at the sample's shape, the way the LiteRT docs show."""
+    fn = tf.function(lambda x: model(x))
+    concrete = fn.get_concrete_function(tf.TensorSpec(sample.shape, tf.as_dtype(sample.dtype)))
+    return tf.lite.TFLiteConverter.from_concrete_functions([concrete], fn).convert()
+
+
 def litert_interpreter(model, sample) -> Runner:
     """TFLite conversion at the sample's shape and ai-edge-litert's interpreter (XNNPACK),
     with its default thread count (one)."""
     from ai_edge_litert.interpreter import Interpreter
 
-    fn = tf.function(lambda x: model(x))
-    concrete = fn.get_concrete_function(tf.TensorSpec(sample.shape, tf.as_dtype(sample.dtype)))
-    converter = tf.lite.TFLiteConverter.from_concrete_functions([concrete], fn)
-    interpreter = Interpreter(model_content=converter.convert())
+    interpreter = Interpreter(model_content=tflite_bytes(model, sample))
     interpreter.allocate_tensors()
     input_index = interpreter.get_input_details()[0]["index"]
     output_index = interpreter.get_output_details()[0]["index"]
