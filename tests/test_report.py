@@ -36,10 +36,11 @@ def test_selected_candidate_is_fastest_beyond_noise(report):
     chosen = report.candidate(report.selected)
     assert chosen.status == "selected"
     measured = [c for c in report.candidates if c.status == "ok"]
-    for other in measured:  # it lost: slower in the paired rounds than someone, or tied
+    for other in measured:  # it lost: slower in the paired rounds than someone, tied, or
+        # (too erratic for the rounds to tell) more than 5% slower in the median
         assert not clearly_slower(chosen.latency, other.latency)
         beaten = any(clearly_slower(other.latency, c.latency) for c in [*measured, chosen])
-        assert beaten or "within noise" in other.reason
+        assert beaten or "within noise" in other.reason or other.p50 > chosen.p50
 
 
 def test_table_and_json(report, tmp_path):
