@@ -151,6 +151,33 @@ def test_select_explains_a_fastest_median_that_loses_round_by_round():
     assert "spiky has the lowest p50" in why and "clearly slower than steady" in why
 
 
+def test_a_loser_with_a_lower_median_is_never_called_slower_by_a_ratio_below_one():
+    # The chosen one was faster in 6 rounds of 8; two slow rounds with many calls lifted its
+    # median over all calls above the loser's. The loser's reason must not say "0.98x slower".
+    steady = _result("keras-eager", [1.0] * 8)
+    chosen_one = _result("litert", [0.95] * 6 + [2.0, 2.0], p50=1.02)
+    chosen, why = _select([steady, chosen_one], "latency")
+    assert chosen is chosen_one
+    assert steady.reason.startswith("clearly slower than litert round by round")
+    assert "faster than keras-eager" not in why  # its median over all calls is not higher
+
+
+def test_select_says_so_when_every_candidate_is_beaten_by_another():
+    # Four candidates, each clearly slower than the one before it (in 3 rounds of 4), the
+    # first than the last: a cycle.
+    cycle = [
+        _result("a", [1.0, 1.1, 1.2, 1.3], p50=1.00),
+        _result("b", [1.1, 1.2, 1.3, 1.0], p50=1.01),
+        _result("c", [1.2, 1.3, 1.0, 1.1], p50=1.02),
+        _result("d", [1.3, 1.0, 1.1, 1.2], p50=1.03),
+    ]
+    assert all(clearly_slower(cycle[(i + 1) % 4].latency, cycle[i].latency) for i in range(4))
+    chosen, why = _select(cycle, "latency")
+    assert chosen is cycle[0] and "the rounds disagree" in why
+    for loser in cycle[1:]:
+        assert loser.reason.startswith(("clearly slower than", "1.0"))
+
+
 def test_select_prefers_full_precision_on_a_tie():
     reduced = _result("int8", [1.0, 1.1, 0.9, 1.1], err=1e-3, precision="int8")
     full = _result("fp32", [1.05, 1.0, 1.0, 1.0])

@@ -568,16 +568,23 @@ def _select(results: list[CandidateResult], objective: str) -> tuple[CandidateRe
         )
         for r in measured
     }
-    unbeaten = [r for r in by_cost if beaten[id(r)] is None] or [fastest]
+    unbeaten = [r for r in by_cost if beaten[id(r)] is None]
+    cycle = not unbeaten  # each clearly slower than another: the rounds disagree
+    unbeaten = unbeaten or [fastest]
     tied = [r for r in unbeaten if cost(r) <= cost(unbeaten[0]) * (1 + _TIE_REL)]
     chosen = min(tied, key=lambda r: _tie_key(r, objective))
     chosen.status = "selected"
     baseline = results[0]
     unit = "p50" if objective == "latency" else "mean"
     why = f"{unit} {cost(chosen):.4g} ms"
-    if baseline is not chosen and baseline.latency is not None:
+    if baseline is not chosen and baseline.latency is not None and cost(baseline) > cost(chosen):
         why += f", {cost(baseline) / cost(chosen):.1f}x faster than {baseline.name}"
-    if chosen is not fastest and fastest in tied:
+    if cycle:
+        why += (
+            f"; every candidate was clearly slower than another round by round (the rounds "
+            f"disagree): the lowest {unit}"
+        )
+    elif chosen is not fastest and fastest in tied:
         words = _tie_words(chosen, fastest, objective)
         why += f"; within noise of {fastest.name}, preferred ({words})"
     elif chosen is not fastest:  # the lowest cost, but another was faster in most rounds
@@ -594,16 +601,16 @@ def _select(results: list[CandidateResult], objective: str) -> tuple[CandidateRe
                 f"within noise of {chosen.name} ({unit} {cost(r):.4g} ms); {chosen.name} "
                 f"preferred ({_tie_words(chosen, r, objective)})"
             )
-        elif winner is not None and not clearly_slower(
-            r.latency, chosen.latency, statistic=statistic
-        ):
+        elif cost(r) > cost(chosen) and (
+            winner is None or clearly_slower(r.latency, chosen.latency, statistic=statistic)
+        ):  # clearly slower than the chosen one, or erratic and more than 5% above it
+            r.reason = (
+                f"{cost(r) / cost(chosen):.2f}x slower than {chosen.name} ({unit} {cost(r):.4g} ms)"
+            )
+        else:  # beaten round by round, whatever its median over all calls says
             r.reason = (
                 f"clearly slower than {winner.name} round by round ({unit} {cost(r):.4g} ms, "
                 f"{winner.name} {cost(winner):.4g} ms)"
-            )
-        else:  # clearly slower than the chosen one, or erratic and well above it
-            r.reason = (
-                f"{cost(r) / cost(chosen):.2f}x slower than {chosen.name} ({unit} {cost(r):.4g} ms)"
             )
     return chosen, why
 

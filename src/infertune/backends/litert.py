@@ -97,7 +97,9 @@ class LiteRT(Backend):
 
     @property
     def _interpreter(self):
-        """The interpreter a single-threaded call at the sample's shapes gets."""
+        """The interpreter a single-threaded call at the sample's shapes gets, for reading
+        its details: its public invoke() and allocate_tensors() raise, as the native calls
+        hold its wrapper (see _Session)."""
         return (self._fixed_run or self._free).idle[-1].interpreter
 
     def run(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
