@@ -95,8 +95,13 @@ def test_calls_at_once_never_share_an_interpreter(make_model, make_input):
 def test_a_closed_backend_cannot_be_called():
     backend, signature = prepared(dense_model(), _dense_input(2))
     backend.close()
-    with pytest.raises(AttributeError):
-        backend.run(signature.flatten(_dense_input(2)))
+    for batch in (2, 3):  # the sample's batch size and another
+        with pytest.raises(RuntimeError, match="closed"):
+            backend.run(signature.flatten(_dense_input(batch)))
+    dict_backend, dict_signature = prepared(dict_model(), _dict_input(2))
+    dict_backend.close()  # the general path (two inputs)
+    with pytest.raises(RuntimeError, match="closed"):
+        dict_backend.run(dict_signature.flatten(_dict_input(3)))
 
 
 def test_the_single_array_runner_at_the_tuned_shape_never_shares_an_interpreter():

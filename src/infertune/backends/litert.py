@@ -206,6 +206,8 @@ class _Interpreters:
             session = idle.pop()
         except IndexError:  # every interpreter is busy in another thread
             session = self._session()
+        except AttributeError:  # close() set it to None
+            raise RuntimeError("this LiteRT backend is closed") from None
         try:
             if shapes != session.shapes:
                 self._resize(session, shapes)
@@ -224,6 +226,8 @@ class _Interpreters:
             session = idle.pop()
         except IndexError:
             session = self._session()
+        except AttributeError:
+            raise RuntimeError("this LiteRT backend is closed") from None
         try:
             if array.shape != session.shape0:
                 self._resize(session, [array.shape])
