@@ -70,12 +70,12 @@ def tflite_bytes(model, sample) -> bytes:
     return tf.lite.TFLiteConverter.from_concrete_functions([concrete], fn).convert()
 
 
-def litert_interpreter(model, sample) -> Runner:
-    """TFLite conversion at the sample's shape and ai-edge-litert's interpreter (XNNPACK),
-    with its default thread count (one)."""
+def litert_interpreter(model, sample, content: bytes | None = None) -> Runner:
+    """TFLite conversion at the sample's shape (`content`, where it is made already) and
+    ai-edge-litert's interpreter (XNNPACK), with its default thread count (one)."""
     from ai_edge_litert.interpreter import Interpreter
 
-    interpreter = Interpreter(model_content=tflite_bytes(model, sample))
+    interpreter = Interpreter(model_content=content or tflite_bytes(model, sample))
     interpreter.allocate_tensors()
     input_index = interpreter.get_input_details()[0]["index"]
     output_index = interpreter.get_output_details()[0]["index"]

@@ -37,9 +37,9 @@ def main() -> None:
     from ai_edge_litert.interpreter import Interpreter
 
     model, sample = demo_model(args.model)
-    public = by_hand.litert_interpreter(model, sample)
+    flatbuffer = by_hand.tflite_bytes(model, sample)  # one conversion for both interpreters
+    public = by_hand.litert_interpreter(model, sample, flatbuffer)
     opt = infertune.optimize(model, sample, backends=["litert:threads=1"], verbose=False)
-    flatbuffer = by_hand.tflite_bytes(model, sample)
     interpreter = Interpreter(model_content=flatbuffer, num_threads=1)
     interpreter.allocate_tensors()
     first_input = interpreter.get_input_details()[0]["index"]

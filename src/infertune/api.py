@@ -620,7 +620,7 @@ def _select(results: list[CandidateResult], objective: str) -> tuple[CandidateRe
 _TIE_REL = 0.05
 
 
-def _tie_key(r: CandidateResult, objective: str = "latency") -> tuple:
+def _tie_key(r: CandidateResult, objective: str) -> tuple:
     """Full precision first, then the smaller error and the cheaper start (prepare plus first
     call), each by decade (2e-7 and 3e-7 are the same float32 round-off), then the steadier:
     the lower p90 for latency (the medians are within noise: the tail is the difference a

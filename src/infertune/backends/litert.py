@@ -290,7 +290,7 @@ class _Session:
     object its public methods call) where it has them: the public set_tensor, invoke and
     get_tensor add five Python frames, invoke's among them a check that no numpy view of the
     interpreter's buffers (from `tensor()`) is alive. Nothing here takes such a view, and the
-    native calls make a small CNN's call 1-2% faster (benchmarks/litert_calls.py). Holding
+    native calls make a small CNN's call 1-3% faster (benchmarks/litert_calls.py). Holding
     the wrapper's methods is itself what that check counts as a view, so once they are held
     every call, resizing included, goes through them. A wrapper without them (another
     ai-edge-litert) gets the public methods.
