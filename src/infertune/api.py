@@ -40,7 +40,7 @@ from .progress import Progress
 from .report import CandidateResult, Report
 from .resources import release_freed_memory
 from .target import Target
-from .verify import Comparison, compare_outputs
+from .verify import ELEMENT_RULE, Comparison, compare_outputs
 
 __all__ = ["available_backends", "optimize"]
 
@@ -669,7 +669,10 @@ def _gpu_notes(growth: dict) -> list[str]:
 
 
 def _notes(target: Target, checks: list[_Check]) -> list[str]:
-    notes = [f"verified on {len(checks)} inputs: " + ", ".join(c.label for c in checks)]
+    notes = [
+        f"verified on {len(checks)} inputs: " + ", ".join(c.label for c in checks),
+        f"an element fails when {ELEMENT_RULE}; an output fails when ||out-ref||/||ref|| > rtol",
+    ]
     exported = target.shared_value("onnx")
     if exported is not None:
         notes.append(f"ONNX export (opset {exported.opset}) took {exported.seconds:.2f} s")
