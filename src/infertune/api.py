@@ -10,7 +10,7 @@ import math
 import os
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -33,11 +33,11 @@ from .isolation import (
     RehearsalError,
     RehearsalUnavailable,
 )
-from .measure import clearly_slower, measure_interleaved, time_once, warm_up
+from .measure import LatencyStats, clearly_slower, measure_interleaved, time_once, warm_up
 from .models import ModelSource, load_model
 from .optimized import Optimized
 from .progress import Progress
-from .report import CandidateResult, Report
+from .report import BatchResult, CandidateResult, Report
 from .resources import release_freed_memory
 from .target import Target
 from .verify import ELEMENT_RULE, Comparison, compare_outputs
@@ -70,6 +70,8 @@ def optimize(
     time_budget_s: float | None = None,
     precision: Iterable[str] = ("fp32",),
     cache: str | os.PathLike | None = None,
+    batch_sizes: Sequence[int] | None = None,
+    latency_budget_ms: float | None = None,
     isolation: str = "process",
     candidate_timeout_s: float | None = DEFAULT_CANDIDATE_TIMEOUT_S,
     verbose: bool = True,
@@ -94,6 +96,14 @@ def optimize(
             (definition and weights), input signature, options and environment is loaded
             from it, checked on the sample and returned without tuning (`report.from_cache`);
             otherwise the new result is stored there. See docs/deploy.md.
+        batch_sizes: batch sizes a service calls the model at (e.g. [1, 8, 64]). Every
+            candidate is verified and measured at each (and at the sample's), the fastest is
+            chosen per batch size, and the callable sends each call to the choice for the
+            smallest tuned batch size at or above the call's (the largest one beyond them).
+            None: the sample's batch size only. The model's batch dimension must be free.
+        latency_budget_ms: with objective="throughput", only (batch size, candidate) pairs
+            whose p99 stays within this many ms are chosen; the report gives the largest
+            batch size that meets it (a server's max batch size) and the best samples/s.
         isolation: how a candidate that crashes or hangs is contained. "process" (default):
             native runtimes (ONNX Runtime, OpenVINO, LiteRT) first compile and run the
             verification inputs in a child process, so a segfault or an out-of-memory kill
@@ -107,7 +117,15 @@ def optimize(
         An `Optimized` callable; its `.report` says what was tried and why it was chosen.
     """
     options = _Options.checked(
-        rtol, atol, objective, time_budget_s, precision, isolation, candidate_timeout_s
+        rtol,
+        atol,
+        objective,
+        time_budget_s,
+        precision,
+        isolation,
+        candidate_timeout_s,
+        batch_sizes,
+        latency_budget_ms,
     )
     if cache is not None and not isinstance(cache, str | os.PathLike):
         raise OptionError(
@@ -142,10 +160,11 @@ def _optimize(
         if hit is not None:
             return hit
 
+    batch_sizes = _tuned_batch_sizes(options.batch_sizes, signature)
     progress.stage("computing reference outputs")
     reference, outputs, first_call_s = _reference(source, signature, sample)
     target = Target(source, signature, outputs, [ref.dtype for ref in reference], options.objective)
-    checks = _checks(source, signature, sample, reference, progress)
+    checks = _checks(source, signature, sample, reference, progress, batch_sizes)
 
     results: list[CandidateResult] = []
     isolation = Isolation(options.isolation, options.candidate_timeout_s)
@@ -162,9 +181,16 @@ def _optimize(
             f"training mode, random layers) cannot be verified."
         )
 
-    _measure(contenders, sample, results, signature, options.measure_budget(), progress)
-    chosen, why = _select(results, options.objective)
-    kept = contenders.pop(chosen.name)
+    by_batch = _measure_batches(
+        contenders, sample, results, signature, batch_sizes, options, progress
+    )
+    chosen, why = _select(results, options.objective, options.latency_budget_ms)
+    batches = (
+        _choose_per_batch(results, by_batch, chosen, why, options, signature.sample_batch)
+        if batch_sizes
+        else []
+    )
+    kept = {name: contenders.pop(name) for name in {chosen.name, *(b.selected for b in batches)}}
     for rejected in contenders.values():
         _close(rejected)
     contenders.clear()
@@ -185,15 +211,20 @@ def _optimize(
         total_s=progress.elapsed(),
         notes=_notes(target, checks) + _gpu_notes(growth) + isolation.notes,
         diagnosis=diagnosis,
+        batches=batches,
+        latency_budget_ms=options.latency_budget_ms,
     )
     progress.say(f"selected {chosen.name}: {why}")
+    for line in report.batch_summary():
+        progress.say(line)
     opt = Optimized(
-        kept,
+        kept[chosen.name],
         signature,
         outputs,
         report,
         output_dtypes=target.output_dtypes,
         options=saved_options,
+        by_batch={b.batch_size: kept[b.selected] for b in batches} or None,
     )
     if entry is not None:
         progress.stage("storing the result in the tuning cache")
@@ -219,6 +250,8 @@ class _Options:
     deadline: float
     isolation: str = "process"
     candidate_timeout_s: float | None = DEFAULT_CANDIDATE_TIMEOUT_S
+    batch_sizes: tuple[int, ...] | None = None  # sorted, unique; None: the sample's only
+    latency_budget_ms: float | None = None
 
     @classmethod
     def checked(
@@ -230,6 +263,8 @@ class _Options:
         precision,
         isolation="process",
         candidate_timeout_s=DEFAULT_CANDIDATE_TIMEOUT_S,
+        batch_sizes=None,
+        latency_budget_ms=None,
     ) -> _Options:
         numbers = isinstance(rtol, int | float) and isinstance(atol, int | float)
         if not (numbers and rtol >= 0 and atol >= 0):
@@ -245,6 +280,14 @@ class _Options:
             )
         _check_choice("isolation", isolation, ISOLATIONS)
         _check_positive_or_none("candidate_timeout_s", candidate_timeout_s)
+        sizes = _checked_batch_sizes(batch_sizes)
+        _check_positive_or_none("latency_budget_ms", latency_budget_ms)
+        if latency_budget_ms is not None and objective != "throughput":
+            raise OptionError(
+                f"latency_budget_ms applies to objective='throughput' (the most samples/s "
+                f"whose p99 stays within the budget); objective={objective!r} already chooses "
+                f"the lowest latency. Received: latency_budget_ms={latency_budget_ms!r}."
+            )
         deadline = math.inf if time_budget_s is None else time.perf_counter() + time_budget_s
         return cls(
             rtol,
@@ -255,6 +298,8 @@ class _Options:
             deadline,
             isolation,
             candidate_timeout_s,
+            sizes,
+            latency_budget_ms,
         )
 
     def saved(self) -> dict:
@@ -265,12 +310,35 @@ class _Options:
             "atol": self.atol,
             "objective": self.objective,
             "precision": sorted(self.precisions),
+            "batch_sizes": list(self.batch_sizes) if self.batch_sizes else None,
+            "latency_budget_ms": self.latency_budget_ms,
         }
 
-    def measure_budget(self) -> float:
+    def measure_budget(self, batch_sizes_left: int = 1) -> float:
+        """Seconds to measure one batch size: DEFAULT_MEASURE_S each, or an equal share of
+        what remains of time_budget_s."""
         if self.time_budget_s is None:
             return DEFAULT_MEASURE_S
-        return max(0.2, self.deadline - time.perf_counter())
+        return max(0.2, (self.deadline - time.perf_counter()) / batch_sizes_left)
+
+
+def _checked_batch_sizes(batch_sizes: Any) -> tuple[int, ...] | None:
+    if batch_sizes is None:
+        return None
+    sizes = [batch_sizes] if isinstance(batch_sizes, int) else batch_sizes
+    if isinstance(sizes, str | bytes) or not isinstance(sizes, Iterable):
+        sizes = None
+    else:
+        sizes = list(sizes)
+    valid = bool(sizes) and all(
+        isinstance(n, int | np.integer) and not isinstance(n, bool) and n > 0 for n in sizes
+    )
+    if not valid:
+        raise OptionError(
+            f"batch_sizes must be a list of positive integers, e.g. [1, 8, 64], or None. "
+            f"Received: batch_sizes={batch_sizes!r}."
+        )
+    return tuple(sorted({int(n) for n in sizes}))
 
 
 def _check_choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
@@ -356,14 +424,20 @@ def _checks(
     sample: list[np.ndarray],
     reference: list[np.ndarray],
     progress: Progress,
+    batch_sizes: list[int] | None = None,
 ) -> list[_Check]:
-    """The sample, fresh random inputs like it, and one at another batch size if it is free."""
+    """The sample, fresh random inputs like it, and one at each other tuned batch size (one
+    at another batch size where none is given and the batch is free)."""
     rng = np.random.default_rng(0)
     batch = signature.sample_batch
     wanted = [(f"random input {i + 1}", batch) for i in range(FRESH_INPUTS)]
-    if batch is not None and signature.batch_is_dynamic:
-        other = 1 if batch > 1 else 3
-        wanted.append((f"random input at batch {other}", other))
+    if batch_sizes:
+        others = [size for size in batch_sizes if size != batch]
+    elif batch is not None and signature.batch_is_dynamic:
+        others = [1 if batch > 1 else 3]
+    else:
+        others = []
+    wanted += [(f"random input at batch {other}", other) for other in others]
     checks = [_Check("the sample", sample, reference)]
     for label, size in wanted:
         inputs = signature.random_inputs(rng, size)
@@ -488,26 +562,77 @@ def _prepare_and_verify(
     return True
 
 
-def _measure(
+def _tuned_batch_sizes(batch_sizes: tuple[int, ...] | None, signature: InputSignature):
+    """The batch sizes to tune at (the sample's among them), or None for the sample's only."""
+    if batch_sizes is None:
+        return None
+    if not signature.batch_is_dynamic or signature.sample_batch is None:
+        raise OptionError(
+            f"batch_sizes={list(batch_sizes)} needs a model whose batch dimension is free, "
+            f"and a sample whose inputs share one batch size; this model's inputs are "
+            f"{signature.describe()} and the sample's shapes {list(signature.sample_shapes)}. "
+            f"Leave batch_sizes=None to tune at the sample's batch size."
+        )
+    return sorted({*batch_sizes, signature.sample_batch})
+
+
+def _measure_batches(
     contenders: dict[str, Backend],
     sample: list[np.ndarray],
     results: list[CandidateResult],
     signature: InputSignature,
+    batch_sizes: list[int] | None,
+    options: _Options,
+    progress: Progress,
+) -> dict[int, dict[str, LatencyStats]]:
+    """Measure every contender at the sample's batch size (its statistics go into `results`)
+    and at each other tuned batch size, on random inputs drawn like the sample. A candidate
+    that fails at any batch size is `failed` and closed. Returns {batch: {name: stats}}."""
+    sizes = batch_sizes or [signature.sample_batch]
+    by_name = {r.name: r for r in results}
+    rng = np.random.default_rng(1)
+    measured = {}
+    # The sample's batch size first: its numbers are the candidates' own in the report.
+    for i, size in enumerate(sorted(sizes, key=lambda n: n != signature.sample_batch)):
+        inputs = sample if size == signature.sample_batch else signature.random_inputs(rng, size)
+        where = f" at batch {size}" if batch_sizes else ""
+        stats, errors = _measure(
+            contenders, inputs, options.measure_budget(len(sizes) - i), progress, where
+        )
+        for name, reason in errors.items():
+            by_name[name].status, by_name[name].reason = "failed", f"{reason}{where}"
+            _close(contenders.pop(name))
+        measured[size] = stats
+    batch = signature.sample_batch or 1
+    for name, stats in measured[signature.sample_batch].items():
+        if name in contenders:
+            by_name[name].latency = stats
+            by_name[name].throughput = batch / (stats.mean / 1e3)
+    return {
+        size: {name: s for name, s in stats.items() if name in contenders}
+        for size, stats in measured.items()
+    }
+
+
+def _measure(
+    contenders: dict[str, Backend],
+    inputs: list[np.ndarray],
     budget_s: float,
     progress: Progress,
-) -> None:
-    """Warm up, then time all contenders in interleaved rounds; fill in their statistics."""
-    runners = {name: (lambda b=backend: b.run(sample)) for name, backend in contenders.items()}
-    by_name = {r.name: r for r in results}
-    estimates = {}
+    where: str = "",
+) -> tuple[dict[str, LatencyStats], dict[str, str]]:
+    """Warm up, then time all contenders on `inputs` in interleaved rounds. Returns their
+    statistics and, for those that raised, the reason."""
+    runners = {name: (lambda b=backend: b.run(inputs)) for name, backend in contenders.items()}
+    estimates, errors = {}, {}
     for name, runner in list(runners.items()):
         try:
             estimates[name] = warm_up(runner)
         except Exception as exc:
-            by_name[name].status, by_name[name].reason = "failed", f"warm-up: {one_line(exc)}"
+            errors[name] = f"warm-up: {one_line(exc)}"
             del runners[name]
     progress.say(
-        f"measuring {len(runners)} candidates in interleaved rounds (up to {budget_s:.1f} s)"
+        f"measuring {len(runners)} candidates{where} in interleaved rounds (up to {budget_s:.1f} s)"
     )
     measured = measure_interleaved(
         runners,
@@ -515,18 +640,40 @@ def _measure(
         per_call_estimate_s=estimates,
         cooldown_s={name: backend.cooldown_s for name, backend in contenders.items()},
         on_round=lambda n, t: progress.stage(
-            f"measuring: round {n}, {t:.1f} of {budget_s:.1f} s", log=False
+            f"measuring{where}: round {n}, {t:.1f} of {budget_s:.1f} s", log=False
         ),
     )
-    for name, reason in measured.errors.items():
-        by_name[name].status, by_name[name].reason = "failed", f"measurement: {reason}"
-    batch = signature.sample_batch or 1
-    for name, stats in measured.stats.items():
-        by_name[name].latency = stats
-        by_name[name].throughput = batch / (stats.mean / 1e3)
-    for name in list(contenders):
-        if by_name[name].status == "failed":
-            _close(contenders.pop(name))
+    errors.update({name: f"measurement: {reason}" for name, reason in measured.errors.items()})
+    return measured.stats, errors
+
+
+def _choose_per_batch(
+    results: list[CandidateResult],
+    by_batch: dict[int, dict[str, LatencyStats]],
+    chosen: CandidateResult,
+    why: str,
+    options: _Options,
+    sample_batch: int,
+) -> list[BatchResult]:
+    """The choice at each tuned batch size, by the same rules as at the sample's; the
+    sample's batch size keeps the choice already made there."""
+    choices = []
+    for size, stats in sorted(by_batch.items()):
+        if size == sample_batch:
+            reasons = {r.name: r.reason for r in results if r.name in stats and r is not chosen}
+            choices.append(BatchResult(size, chosen.name, why, stats, reasons))
+            continue
+        at_size = [
+            replace(r, status="ok", reason="", latency=stats[r.name])
+            for r in results
+            if r.name in stats
+        ]
+        for r in at_size:
+            r.throughput = size / (r.latency.mean / 1e3)
+        picked, picked_why = _select(at_size, options.objective, options.latency_budget_ms)
+        reasons = {r.name: r.reason for r in at_size if r is not picked}
+        choices.append(BatchResult(size, picked.name, picked_why, stats, reasons))
+    return choices
 
 
 def _close(backend: Backend) -> None:
@@ -535,8 +682,11 @@ def _close(backend: Backend) -> None:
         backend.close()
 
 
-def _select(results: list[CandidateResult], objective: str) -> tuple[CandidateResult, str]:
-    """The fastest candidate by the objective, or one within noise of it.
+def _select(
+    results: list[CandidateResult], objective: str, latency_budget_ms: float | None = None
+) -> tuple[CandidateResult, str]:
+    """The fastest candidate by the objective, or one within noise of it; with a latency
+    budget, among those whose p99 is within it (all of them, said, where none is).
 
     A candidate is out when another is clearly faster than it (round by round, see
     measure.clearly_slower), or when its median (mean, for throughput) is more than
@@ -550,6 +700,12 @@ def _select(results: list[CandidateResult], objective: str) -> tuple[CandidateRe
     measured = [r for r in results if r.status == "ok" and r.latency is not None]
     if not measured:
         raise ModelError("No candidate could be measured, not even the model itself.")
+    over_budget: list[CandidateResult] = []
+    if latency_budget_ms is not None:
+        within = [r for r in measured if r.latency.p99 <= latency_budget_ms]
+        if within:
+            over_budget = [r for r in measured if r.latency.p99 > latency_budget_ms]
+            measured = within
 
     def cost(r: CandidateResult) -> float:  # ms per call by the objective's statistic
         return r.latency.p50 if objective == "latency" else r.latency.mean
@@ -592,6 +748,19 @@ def _select(results: list[CandidateResult], objective: str) -> tuple[CandidateRe
             f"; {fastest.name} has the lowest {unit} ({cost(fastest):.4g} ms) but is clearly "
             f"slower than {beaten[id(fastest)].name} round by round"
         )
+    if latency_budget_ms is not None:
+        if over_budget or all(r.latency.p99 <= latency_budget_ms for r in measured):
+            why += (
+                f"; p99 {chosen.latency.p99:.4g} ms within latency_budget_ms={latency_budget_ms:g}"
+            )
+        else:
+            best = min(measured, key=lambda r: r.latency.p99)
+            why += (
+                f"; no candidate met latency_budget_ms={latency_budget_ms:g} (the lowest p99 "
+                f"was {best.latency.p99:.4g} ms, {best.name})"
+            )
+    for r in over_budget:
+        r.reason = f"p99 {r.latency.p99:.4g} ms exceeds latency_budget_ms={latency_budget_ms:g}"
     for r in measured:
         if r is chosen:
             continue

@@ -48,7 +48,7 @@ from .progress import Progress
 from .report import Report
 from .saving import FORMAT_VERSION, MANIFEST, REPORT, load, save
 from .target import Target
-from .verify import compare_outputs
+from .verify import Comparison, compare_outputs
 
 if TYPE_CHECKING:
     from .optimized import Optimized
@@ -116,10 +116,14 @@ class CacheEntry:
                 opt = self._prepare_again(source, signature, outputs, reference)
         except Exception as exc:  # an entry that cannot be used is a miss, said, never an error
             return self._miss(f"was not usable ({one_line(exc)})", progress)
-        try:
-            found = compare_outputs(
-                opt._backend.run(sample), reference, self.options["rtol"], self.options["atol"]
-            )
+        try:  # every candidate it runs (one per tuned batch size), on the sample
+            found = Comparison(True, "")
+            for backend in opt.backends:
+                found = found.merged(
+                    compare_outputs(
+                        backend.run(sample), reference, self.options["rtol"], self.options["atol"]
+                    )
+                )
         except Exception as exc:  # a cached result that cannot run is a miss
             opt.close()
             return self._miss(f"did not run ({one_line(exc)})", progress)
@@ -142,18 +146,28 @@ class CacheEntry:
         from .optimized import Optimized
 
         decision = json.loads((self.path / DECISION).read_text(encoding="utf-8"))
-        name = decision["backend"]
-        if name not in BACKENDS:
-            raise KeyError(f"{name!r} is not a candidate of this infertune")
-        backend = BACKENDS[name]()
-        reason = backend.available()
-        if reason is not None:
-            raise EnvironmentMismatchError(f"{name} cannot run here: {reason}")
+        by_batch = decision.get("by_batch") or {}
         dtypes = [array.dtype for array in reference]
-        backend.prepare(Target(source, signature, outputs, dtypes, self.options["objective"]))
+        target = Target(source, signature, outputs, dtypes, self.options["objective"])
+        backends = {}
+        for name in dict.fromkeys([decision["backend"], *by_batch.values()]):
+            if name not in BACKENDS:
+                raise KeyError(f"{name!r} is not a candidate of this infertune")
+            backend = BACKENDS[name]()
+            reason = backend.available()
+            if reason is not None:
+                raise EnvironmentMismatchError(f"{name} cannot run here: {reason}")
+            backend.prepare(target)
+            backends[name] = backend
         report = Report.from_json(self.path / REPORT)
         return Optimized(
-            backend, signature, outputs, report, output_dtypes=dtypes, options=self.options
+            backends[decision["backend"]],
+            signature,
+            outputs,
+            report,
+            output_dtypes=dtypes,
+            options=self.options,
+            by_batch={int(n): backends[name] for n, name in by_batch.items()} or None,
         )
 
     def _miss(self, why: str, progress: Progress) -> None:
@@ -166,7 +180,7 @@ class CacheEntry:
         try:
             if self.path.exists():  # an entry that was not usable: replaced
                 shutil.rmtree(self.path)
-            if _can_be_saved(opt._backend):
+            if all(_can_be_saved(backend) for backend in opt.backends):
                 save(opt, self.path, extra={"cache_key": self.material})
                 what = "stored in the tuning cache"
             else:
@@ -184,16 +198,18 @@ class CacheEntry:
         opt.report.notes.append(f"{what}: '{self.path}'")
 
     def _store_decision(self, opt: Optimized) -> None:
-        if opt.backend not in BACKENDS:
-            raise ExportError(
-                f"the selected candidate {opt.backend!r} is not a registered infertune backend"
-            )
+        for backend in opt.backends:
+            if backend.name not in BACKENDS:
+                raise ExportError(
+                    f"the selected candidate {backend.name!r} is not a registered infertune backend"
+                )
         self.path.parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=f".{self.key}.", dir=self.path.parent))
         try:
             opt.report.to_json(staging / REPORT)
             decision = {
                 "backend": opt.backend,
+                "by_batch": {str(n): name for n, name in opt.backends_by_batch.items()},
                 "backends": opt._options.get("backends"),
                 "saved_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                 "cache_key": self.material,

@@ -131,6 +131,12 @@ def _tuning_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--atol", type=float, default=1e-5)
     parser.add_argument("--budget", type=float, default=None, metavar="SECONDS",
                         help="time budget for the whole optimization")  # fmt: skip
+    parser.add_argument("--batch-sizes", type=_sizes, default=None, metavar="N,M",
+                        help="tune at these batch sizes too, e.g. 1,8,64: a choice per batch "
+                        "size, each call dispatched by its own")  # fmt: skip
+    parser.add_argument("--latency-budget-ms", type=float, default=None, metavar="MS",
+                        help="with --objective throughput: most samples/s whose p99 is "
+                        "within MS")  # fmt: skip
     parser.add_argument("--isolation", choices=("process", "thread", "off"), default="process",
                         help="how a crashing or hanging candidate is contained (default: "
                         "process, native runtimes rehearsed in a child process)")  # fmt: skip
@@ -208,6 +214,8 @@ def _tune_and_print(model, sample, args: argparse.Namespace) -> int:
         atol=args.atol,
         time_budget_s=args.budget,
         cache=args.cache,
+        batch_sizes=args.batch_sizes,
+        latency_budget_ms=args.latency_budget_ms,
         isolation=args.isolation,
         candidate_timeout_s=args.candidate_timeout,
         verbose=not args.quiet,
@@ -277,6 +285,13 @@ def _positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
     return value
+
+
+def _sizes(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(_positive_int(part) for part in _names(text))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected batch sizes like 1,8,64, got {text}") from None
 
 
 def _names(text: str) -> tuple[str, ...]:

@@ -24,7 +24,9 @@ class Optimized:
     """A drop-in replacement for `model(x)`: same inputs, same output structure, numpy outputs.
 
     Inputs are checked against the signature the model was tuned for; a wrong rank, dtype
-    or feature shape raises `infertune.InputError` (a ValueError) naming the input.
+    or feature shape raises `infertune.InputError` (a ValueError) naming the input. Tuned
+    at several batch sizes, each call goes to the candidate chosen for the smallest tuned
+    batch size at or above the call's (the largest tuned one beyond them).
     """
 
     def __init__(
@@ -37,23 +39,46 @@ class Optimized:
         output_dtypes: Sequence[np.dtype] = (),
         options: dict | None = None,
         saved_from: tuple[Path, dict] | None = None,
+        by_batch: dict[int, Backend] | None = None,
     ):
         self._backend = backend
+        self._by_batch = dict(sorted(by_batch.items())) if by_batch else None
         self.input_signature = signature
         self.output_structure = outputs
         self.output_dtypes = [np.dtype(d) for d in output_dtypes]
         self.report = report
         self._options = options or {}  # optimize()'s tuning options, for save() and the cache
         self._saved_from = saved_from  # (directory, manifest) when restored by load()
-        self._call = _calling(backend, signature, outputs)
+        self._call = (
+            _dispatching(self._by_batch, signature, outputs)
+            if self._by_batch and len(self.backends) > 1
+            else _calling(backend, signature, outputs)
+        )
 
     def __call__(self, x: Any) -> Any:
         return self._call(x)
 
     @property
     def backend(self) -> str:
-        """Name of the chosen candidate, e.g. "onnxruntime-cpu"."""
+        """Name of the chosen candidate, e.g. "onnxruntime-cpu" (at the sample's batch size)."""
         return self._backend.name
+
+    @property
+    def backends_by_batch(self) -> dict[int, str]:
+        """{tuned batch size: chosen candidate}; just the sample's batch size unless
+        optimize() was given batch_sizes."""
+        if self._by_batch is None:
+            return {self.input_signature.sample_batch: self._backend.name}
+        return {size: backend.name for size, backend in self._by_batch.items()}
+
+    @property
+    def backends(self) -> list[Backend]:
+        """The distinct prepared backends this result runs, the sample's choice first."""
+        found = [self._backend]
+        for backend in (self._by_batch or {}).values():
+            if all(backend is not b for b in found):
+                found.append(backend)
+        return found
 
     def save(self, path: str | os.PathLike) -> Path:
         """Write this result to the directory `path` (new or empty): the chosen candidate's
@@ -92,7 +117,8 @@ class Optimized:
 
     def close(self) -> None:
         """Release the runtime's resources; the object cannot be called afterwards."""
-        self._backend.close()
+        for backend in self.backends:
+            backend.close()
 
     def __repr__(self) -> str:
         return f"<Optimized backend={self.backend!r} inputs=[{self.input_signature.describe()}]>"
@@ -127,3 +153,30 @@ def _calling(backend: Backend, signature: InputSignature, outputs: Structure) ->
 
         return call_one
     return lambda x: pack(run(flatten(x)))
+
+
+def _dispatching(
+    by_batch: dict[int, Backend], signature: InputSignature, outputs: Structure
+) -> Callable:
+    """The call path when candidates differ by batch size: the call's batch size picks the
+    candidate from a list indexed by batch size (one index, no search). One array goes on
+    through that candidate's own call path (`_calling`); other inputs are flattened once."""
+    sizes = sorted(by_batch)
+    top = sizes[-1]
+    chosen = [by_batch[next(s for s in sizes if s >= n)] for n in range(top + 1)]
+    paths = {id(b): _calling(b, signature, outputs) for b in by_batch.values()}
+    path_at = [paths[id(b)] for b in chosen]  # batch size -> call path taking x
+    run_at = [b.run for b in chosen]  # batch size -> run taking flat arrays
+    ndarray = np.ndarray
+    single = signature.structure.kind == "leaf"
+    flatten, pack = signature.flatten, outputs.packer()
+
+    def call(x: Any) -> Any:
+        if single and type(x) is ndarray and x.ndim:
+            n = x.shape[0]
+            return path_at[n if n <= top else top](x)
+        flat = flatten(x)
+        n = len(flat[0])
+        return pack(run_at[n if n <= top else top](flat))
+
+    return call

@@ -10,7 +10,7 @@ from pathlib import Path
 from .diagnosis import Diagnosis
 from .measure import LatencyStats
 
-__all__ = ["CandidateResult", "Report", "STATUSES"]
+__all__ = ["BatchResult", "CandidateResult", "Report", "STATUSES"]
 
 STATUSES = ("selected", "ok", "mismatch", "failed", "unavailable", "timeout", "skipped")
 
@@ -55,10 +55,7 @@ class CandidateResult:
         fields = {k: _unfinite(data.get(k)) for k in cls.__dataclass_fields__ if k != "latency"}
         latency = data.get("latency_ms")
         if latency is not None:
-            latency = dict(latency)
-            for key in ("round_medians", "round_means"):
-                latency[key] = tuple(latency.get(key, ()))
-            latency = LatencyStats(**latency)
+            latency = _stats(latency)
         return cls(**fields, latency=latency)
 
     def to_dict(self) -> dict:
@@ -68,6 +65,41 @@ class CandidateResult:
         for key in ("p50", "p90", "p99", "mean", "n"):
             data[key] = getattr(self, key)
         return data
+
+
+@dataclass
+class BatchResult:
+    """The candidates measured at one tuned batch size (optimize(batch_sizes=...)), the one
+    chosen there and why; `reasons` says why each other one was not."""
+
+    batch_size: int
+    selected: str
+    reason: str
+    latency: dict[str, LatencyStats]  # ms, per candidate that ran at this batch size
+    reasons: dict[str, str] = field(default_factory=dict)
+
+    def samples_per_s(self, name: str) -> float:
+        return self.batch_size / (self.latency[name].mean / 1e3)
+
+    def to_dict(self) -> dict:
+        return {
+            "batch_size": self.batch_size,
+            "selected": self.selected,
+            "reason": self.reason,
+            "latency_ms": {name: asdict(stats) for name, stats in self.latency.items()},
+            "samples_per_s": {name: self.samples_per_s(name) for name in self.latency},
+            "reasons": dict(self.reasons),
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict) -> BatchResult:
+        return cls(
+            batch_size=int(data["batch_size"]),
+            selected=data["selected"],
+            reason=data["reason"],
+            latency={name: _stats(d) for name, d in data["latency_ms"].items()},
+            reasons=dict(data.get("reasons", {})),
+        )
 
 
 @dataclass
@@ -92,6 +124,72 @@ class Report:
     notes: list[str] = field(default_factory=list)
     diagnosis: Diagnosis | None = None
     from_cache: bool = False  # returned by optimize(cache=...) from an earlier tuning run
+    batches: list[BatchResult] = field(default_factory=list)  # one per tuned batch size
+    latency_budget_ms: float | None = None
+
+    @property
+    def backends_by_batch(self) -> dict[int, str]:
+        """{batch size: chosen candidate}; just the sample's where one batch size was tuned."""
+        if not self.batches:
+            return {self.batch_size: self.selected}
+        return {b.batch_size: b.selected for b in self.batches}
+
+    @property
+    def max_batch_size_within_budget(self) -> int | None:
+        """The largest tuned batch size at which some candidate's p99 met latency_budget_ms
+        (what a server's max batch size should be here); None without a budget, or where
+        nothing met it."""
+        if self.latency_budget_ms is None:
+            return None
+        sizes = [
+            b.batch_size
+            for b in self._batches()
+            if b.latency[b.selected].p99 <= self.latency_budget_ms
+        ]
+        return max(sizes, default=None)
+
+    def _batches(self) -> list[BatchResult]:
+        """The per-batch results; one built from the candidates where one size was tuned."""
+        if self.batches:
+            return self.batches
+        latency = {
+            c.name: c.latency
+            for c in self.candidates
+            if c.latency and c.status in ("ok", "selected")
+        }
+        if self.selected not in latency:
+            return []
+        return [BatchResult(self.batch_size or 1, self.selected, self.selection_reason, latency)]
+
+    def batch_summary(self) -> list[str]:
+        """Lines on the choice per batch size and the latency budget; none for one batch size
+        without a budget."""
+        lines = []
+        if len(self.batches) > 1:
+            lines.append(
+                "choice per batch size: "
+                + ", ".join(f"{b.batch_size}: {b.selected}" for b in self.batches)
+            )
+        if self.latency_budget_ms is not None:
+            lines.append(self._budget_line())
+        return lines
+
+    def _budget_line(self) -> str:
+        budget = self.latency_budget_ms
+        pairs = [(b, name, s) for b in self._batches() for name, s in b.latency.items()]
+        within = [(b, name, s) for b, name, s in pairs if s.p99 <= budget]
+        if not within:
+            b, name, s = min(pairs, key=lambda t: t[2].p99)
+            return (
+                f"latency budget {budget:g} ms: met by no batch size and candidate; the lowest "
+                f"p99 was {s.p99:.4g} ms ({name} at batch {b.batch_size})"
+            )
+        b, name, s = max(within, key=lambda t: t[0].samples_per_s(t[1]))
+        return (
+            f"latency budget {budget:g} ms: largest batch size within it "
+            f"{self.max_batch_size_within_budget}; most samples/s within it: {name} at batch "
+            f"{b.batch_size} ({b.samples_per_s(name):,.0f} samples/s, p99 {s.p99:.4g} ms)"
+        )
 
     def candidate(self, name: str) -> CandidateResult:
         for result in self.candidates:
@@ -117,16 +215,21 @@ class Report:
             "notes": list(self.notes),
             "diagnosis": self.diagnosis.to_dict() if self.diagnosis else None,
             "from_cache": self.from_cache,
+            "batches": [b.to_dict() for b in self.batches],
+            "backends_by_batch": {str(k): v for k, v in self.backends_by_batch.items()},
+            "latency_budget_ms": self.latency_budget_ms,
+            "max_batch_size_within_budget": self.max_batch_size_within_budget,
         }
 
     @classmethod
     def from_dict(cls, data: dict) -> Report:
         """A report read back from `to_dict()` output (for example a saved JSON file)."""
-        skip = ("candidates", "diagnosis")
+        skip = ("candidates", "diagnosis", "batches")
         fields = {k: data[k] for k in cls.__dataclass_fields__ if k in data and k not in skip}
         candidates = [CandidateResult.from_dict(c) for c in data.get("candidates", [])]
         diagnosis = Diagnosis.from_dict(data["diagnosis"]) if data.get("diagnosis") else None
-        return cls(**fields, candidates=candidates, diagnosis=diagnosis)
+        batches = [BatchResult.from_dict(b) for b in data.get("batches", [])]
+        return cls(**fields, candidates=candidates, diagnosis=diagnosis, batches=batches)
 
     @classmethod
     def from_json(cls, path: str | Path) -> Report:
@@ -184,14 +287,49 @@ class Report:
         for c in self.candidates:
             if c.reason:
                 lines.append(f"  {c.name}: {c.reason}")
+        lines.extend(self._batch_table())
         lines.append("")
         lines.append(f"selected: {self.selected} ({self.selection_reason})")
+        lines.extend(self.batch_summary())
         for note in self.notes:
             lines.append(f"note: {note}")
         lines.append(f"optimize() took {self.total_s:.1f} s")
         if self.diagnosis is not None:
             lines.extend(["", str(self.diagnosis)])
         return "\n".join(lines)
+
+    def _batch_table(self) -> list[str]:
+        """Batch size x candidate (p50, p90, p99, samples/s), the choice starred, with why
+        each choice was made; nothing where one batch size was tuned."""
+        if len(self.batches) < 2:
+            return []
+        header = ("batch", "candidate", "p50 ms", "p90 ms", "p99 ms", "samples/s")
+        rows = [header]
+        for b in self.batches:
+            for name, s in sorted(b.latency.items(), key=lambda item: item[1].p50):
+                star = "* " if name == b.selected else "  "
+                rows.append(
+                    (str(b.batch_size), star + name, _num(s.p50), _num(s.p90), _num(s.p99),
+                     _num(b.samples_per_s(name)))
+                )  # fmt: skip
+        widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+        lines = ["", "per batch size (* = chosen there):"]
+        for i, row in enumerate(rows):
+            cells = [
+                c.ljust(w) if j < 2 else c.rjust(w) for j, (c, w) in enumerate(zip(row, widths))
+            ]
+            lines.append("  " + "  ".join(cells).rstrip())
+            if i == 0:
+                lines.append("  " + "  ".join("-" * w for w in widths))
+        lines.extend(f"  batch {b.batch_size}: {b.selected} ({b.reason})" for b in self.batches)
+        return lines
+
+
+def _stats(data: dict) -> LatencyStats:
+    data = dict(data)
+    for key in ("round_medians", "round_means"):
+        data[key] = tuple(data.get(key, ()))
+    return LatencyStats(**data)
 
 
 def _num(value: float | None) -> str:

@@ -7,6 +7,9 @@ A saved result is a directory:
                       tuning options, environment and its fingerprint
     report.json       the Report of the optimize() run that chose it
     model.onnx | model.savedmodel/ | model.keras    what the chosen candidate runs
+    batch-backends/N/ where candidates differ by tuned batch size: the artifact of each
+                      other chosen candidate (the manifest's "batch_backends", and "by_batch"
+                      saying which batch size runs which)
 
 Nothing in it executes code when loaded: no pickle; a .keras file is loaded in Keras' safe
 mode. load() refuses a directory whose files differ from the manifest (modified, missing or
@@ -65,19 +68,24 @@ def save(opt: Optimized, path: str | os.PathLike, extra: dict | None = None) -> 
             f"directory, or remove this one first."
         )
     backend = opt._backend
-    kind = type(backend).name
-    if backend_class(kind) is not type(backend):
-        raise ExportError(
-            f"The selected candidate {backend.name!r} ({type(backend).__qualname__}) is not one "
-            f"of infertune's registered backends, so load() could not rebuild it. Register its "
-            f"class in infertune.backends.BACKENDS, or choose a built-in candidate."
-        )
+    for each in opt.backends:
+        if backend_class(type(each).name) is not type(each):
+            raise ExportError(
+                f"The selected candidate {each.name!r} ({type(each).__qualname__}) is not one "
+                f"of infertune's registered backends, so load() could not rebuild it. Register "
+                f"its class in infertune.backends.BACKENDS, or choose a built-in candidate."
+            )
     path.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.saving-", dir=path.parent))
     try:
         settings = _write_artifact(opt, backend, staging)
+        others = _write_batch_backends(opt, staging)
         opt.report.to_json(staging / REPORT)
         manifest = {**_manifest(opt, backend, settings, _hash_files(staging)), **(extra or {})}
+        if others:
+            manifest["batch_backends"] = others
+        if len(opt.backends_by_batch) > 1:
+            manifest["by_batch"] = {str(n): name for n, name in opt.backends_by_batch.items()}
         (staging / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
         if path.exists():
             path.rmdir()  # empty, checked above
@@ -98,6 +106,35 @@ def _write_artifact(opt: Optimized, backend: Backend, directory: Path) -> dict:
                 (directory / rel).parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(source / rel, directory / rel)
         return manifest["backend"]["settings"]
+    return _save_backend(backend, directory)
+
+
+def _write_batch_backends(opt: Optimized, directory: Path) -> list[dict]:
+    """The artifacts of the candidates chosen at other batch sizes, one directory each;
+    their manifest entries (a loaded result's are copied with its files)."""
+    if opt._saved_from is not None:
+        return opt._saved_from[1].get("batch_backends", [])
+    entries = []
+    for i, backend in enumerate(opt.backends[1:]):
+        sub = f"batch-backends/{i}"
+        (directory / sub).mkdir(parents=True)
+        entries.append(
+            {**_backend_entry(backend, _save_backend(backend, directory / sub)), "dir": sub}
+        )
+    return entries
+
+
+def _backend_entry(backend: Backend, settings: dict) -> dict:
+    return {
+        "name": backend.name,
+        "kind": type(backend).name,
+        "precision": backend.precision,
+        "requires": backend.requires,
+        "settings": settings,
+    }
+
+
+def _save_backend(backend: Backend, directory: Path) -> dict:
     try:
         settings = backend.save_artifact(directory)
     except NotImplementedError as exc:
@@ -124,13 +161,7 @@ def _manifest(opt: Optimized, backend: Backend, settings: dict, files: dict) -> 
         "infertune_version": __version__,
         "saved_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "model": opt.report.model,
-        "backend": {
-            "name": backend.name,
-            "kind": type(backend).name,
-            "precision": backend.precision,
-            "requires": backend.requires,
-            "settings": settings,
-        },
+        "backend": _backend_entry(backend, settings),
         "options": opt._options,
         "inputs": opt.input_signature.to_dict(),
         "outputs": {
@@ -216,17 +247,27 @@ def read_manifest(path: str | os.PathLike) -> dict:
 
 
 def _check_setting_paths(path: Path, manifest: dict) -> None:
-    """The files a backend's settings name ("file", "dir") are among the hashed files."""
+    """The files each backend's settings name ("file", "dir") are among the hashed files."""
     files = manifest["files"]
-    for key in ("file", "dir"):
-        value = manifest["backend"]["settings"].get(key)
-        if value is None:
-            continue
-        listed = value in files if key == "file" else any(f.startswith(f"{value}/") for f in files)
-        if not isinstance(value, str) or ".." in Path(value).parts or not listed:
-            raise ArtifactError(
-                f"{MANIFEST} in '{path}' names a {key} the manifest does not list: {value!r}."
+    entries = [(manifest["backend"], "")]
+    for entry in manifest.get("batch_backends", []):
+        where = entry.get("dir")
+        if not isinstance(where, str) or ".." in Path(where).parts:
+            raise ArtifactError(f"{MANIFEST} in '{path}' names a bad directory: {where!r}.")
+        entries.append((entry, f"{where}/"))
+    for entry, prefix in entries:
+        for key in ("file", "dir"):
+            value = entry["settings"].get(key)
+            if value is None:
+                continue
+            value = prefix + value if isinstance(value, str) else value
+            listed = (
+                value in files if key == "file" else any(f.startswith(f"{value}/") for f in files)
             )
+            if not isinstance(value, str) or ".." in Path(value).parts or not listed:
+                raise ArtifactError(
+                    f"{MANIFEST} in '{path}' names a {key} the manifest does not list: {value!r}."
+                )
 
 
 def verify_files(path: Path, manifest: dict) -> None:
@@ -297,22 +338,26 @@ def load(
     path = Path(path)
     manifest = read_manifest(path)
     verify_files(path, manifest)
-    name, kind = manifest["backend"]["name"], manifest["backend"]["kind"]
-    cls = backend_class(kind)
-    if cls is None:
-        raise EnvironmentMismatchError(
-            f"'{path}' was saved with the {name} candidate, which this infertune does not know "
-            f"(saved by infertune {manifest.get('infertune_version')}). Install that version, "
-            f"or tune again."
-        )
-    problem = _unavailable(cls, manifest)
-    changes = [] if problem else _changes(cls, manifest)
+    name = manifest["backend"]["name"]
+    entries = [manifest["backend"], *manifest.get("batch_backends", [])]
+    classes = []
+    for entry in entries:
+        cls = backend_class(entry["kind"])
+        if cls is None:
+            raise EnvironmentMismatchError(
+                f"'{path}' was saved with the {entry['name']} candidate, which this infertune "
+                f"does not know (saved by infertune {manifest.get('infertune_version')}). "
+                f"Install that version, or tune again."
+            )
+        classes.append(cls)
+    problem = next(filter(None, (_unavailable(c, e) for c, e in zip(classes, entries))), None)
+    changes = [] if problem else _changes(classes, manifest)
     if on_mismatch == "retune" and (problem or changes):
         return _retune(manifest, model, sample_input, problem or "; ".join(changes), verbose)
     if problem:
         raise EnvironmentMismatchError(problem)
     try:
-        opt = _restore(path, manifest, cls)
+        opt = _restore(path, manifest, classes)
     except EnvironmentMismatchError as exc:
         if on_mismatch == "retune":
             return _retune(manifest, model, sample_input, str(exc), verbose)
@@ -334,13 +379,14 @@ def load(
     return opt
 
 
-def _unavailable(cls: type[Backend], manifest: dict) -> str | None:
-    """Why the saved backend cannot run here, in words with the fix, or None."""
-    name = manifest["backend"]["name"]
+def _unavailable(cls: type[Backend], entry: dict) -> str | None:
+    """Why a saved backend (its manifest entry) cannot run here, in words with the fix, or
+    None."""
+    name = entry["name"]
     reason = cls().available()
     if reason is None:
         return None
-    extra = manifest["backend"].get("requires")
+    extra = entry.get("requires")
     fix = f'pip install "infertune[{extra}]"' if extra else "install its runtime"
     return (
         f"The saved result uses the {name} candidate, which cannot run here: {reason}. "
@@ -349,41 +395,56 @@ def _unavailable(cls: type[Backend], manifest: dict) -> str | None:
     )
 
 
-def _changes(cls: type[Backend], manifest: dict) -> list[str]:
-    current = collect_environment(cls.runtime_packages)
-    return differences(manifest["environment"], current, cls.runtime_packages)
+def _changes(classes: list[type[Backend]], manifest: dict) -> list[str]:
+    packages = tuple(dict.fromkeys(p for cls in classes for p in cls.runtime_packages))
+    current = collect_environment(packages)
+    return differences(manifest["environment"], current, packages)
 
 
-def _restore(path: Path, manifest: dict, cls: type[Backend]) -> Optimized:
+def _restore(path: Path, manifest: dict, classes: list[type[Backend]]) -> Optimized:
     from .optimized import Optimized
 
     signature = InputSignature.from_dict(manifest["inputs"])
     structure = Structure.from_dict(manifest["outputs"]["structure"])
     dtypes = [np.dtype(d) for d in manifest["outputs"]["dtypes"]]
     options = manifest["options"]
-    target = Target(None, signature, structure, dtypes, options.get("objective", "latency"))
-    name = manifest["backend"]["name"]
-    try:
-        backend = cls.load_artifact(path, manifest["backend"]["settings"], target)
-    except Exception as exc:  # the files are verified: what fails is this environment
-        then = manifest["environment"].get("packages", {})
-        versions = ", ".join(f"{p} {then.get(p) or 'absent'}" for p in cls.runtime_packages)
-        raise EnvironmentMismatchError(
-            f"The {name} artifact in '{path}' does not load here: {one_line(exc)}. It was "
-            f"saved with {versions or 'its runtime'}; install those versions, or pass model=, "
-            f"sample_input= and on_mismatch='retune' to tune again."
-        ) from exc
-    backend.name = name
+    entries = [manifest["backend"], *manifest.get("batch_backends", [])]
+    backends = {}
+    for cls, entry in zip(classes, entries):
+        # Each backend gets a target of its own: shared conversions are per artifact.
+        target = Target(None, signature, structure, dtypes, options.get("objective", "latency"))
+        where = path / entry["dir"] if "dir" in entry else path
+        backends[entry["name"]] = _load_backend(cls, entry, where, target, manifest)
     report = Report.from_json(path / REPORT)
+    by_batch = manifest.get("by_batch")
     return Optimized(
-        backend,
+        backends[manifest["backend"]["name"]],
         signature,
         structure,
         report,
         output_dtypes=dtypes,
         options=options,
         saved_from=(path, manifest),
+        by_batch={int(n): backends[name] for n, name in by_batch.items()} if by_batch else None,
     )
+
+
+def _load_backend(
+    cls: type[Backend], entry: dict, where: Path, target: Target, manifest: dict
+) -> Backend:
+    name = entry["name"]
+    try:
+        backend = cls.load_artifact(where, entry["settings"], target)
+    except Exception as exc:  # the files are verified: what fails is this environment
+        then = manifest["environment"].get("packages", {})
+        versions = ", ".join(f"{p} {then.get(p) or 'absent'}" for p in cls.runtime_packages)
+        raise EnvironmentMismatchError(
+            f"The {name} artifact in '{where}' does not load here: {one_line(exc)}. It was "
+            f"saved with {versions or 'its runtime'}; install those versions, or pass model=, "
+            f"sample_input= and on_mismatch='retune' to tune again."
+        ) from exc
+    backend.name = name
+    return backend
 
 
 def _retune(manifest: dict, model: Any, sample_input: Any, reason: str, verbose: bool):
@@ -398,6 +459,8 @@ def _retune(manifest: dict, model: Any, sample_input: Any, reason: str, verbose:
         atol=options["atol"],
         objective=options["objective"],
         precision=tuple(options["precision"]),
+        batch_sizes=options.get("batch_sizes"),
+        latency_budget_ms=options.get("latency_budget_ms"),
         verbose=verbose,
     )
     opt.report.notes.append(f"tuned again instead of loading the saved result: {reason}")

@@ -157,6 +157,14 @@ def export_saved(
         outputs = [TritonTensor(t.name, t.dtype, t.dims[1:]) for t in outputs]
         plan.carried.append(f"max_batch_size {max_batch_size} with dynamic batching")
     config = _config_text(name, plan, inputs, outputs, max_batch_size)
+    by_batch = manifest.get("by_batch") or {}
+    if len(set(by_batch.values())) > 1:
+        choices = ", ".join(f"batch {n}: {chosen}" for n, chosen in by_batch.items())
+        plan.notes.append(
+            f"the result chose candidates by batch size ({choices}); this repository holds "
+            f"{backend['name']} (the choice at the sample's batch size) for every batch size, "
+            f"as a Triton model runs one artifact"
+        )
 
     model_dir.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{version}.exporting-", dir=model_dir))

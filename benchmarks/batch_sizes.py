@@ -1,0 +1,237 @@
+"""Tuning per batch size: the dispatched callable against raw runtimes at each batch size.
+
+For each model, in one run: optimize(model, x, batch_sizes=[1, 8, 64, 256]) (one choice per
+batch size, dispatched at call time) and optimize(model, x) tuned at batch 1 only (one
+choice for every size, as before batch_sizes existed). Then, at each batch size, in one
+interleaved measurement: both callables and every raw runtime written by hand with its
+default settings (by_hand.py: tf.function, XLA, ONNX Runtime, OpenVINO, LiteRT converted at
+that batch size). Targets (exit code 1 if one fails):
+
+* at every batch size, the dispatched callable within 5% of the fastest exact raw runtime
+  (exact: relative error within rtol=1e-3 of `model(x)`);
+* the dispatch costs nothing measurable: the callable within 3% (or 2 us) of calling the
+  chosen candidate's runtime directly (`backend.run`) at every batch size;
+* the gain over the single choice tuned at batch 1 is reported (no target: where one
+  runtime wins everywhere it is 1x).
+
+    python benchmarks/batch_sizes.py [--models small-cnn,mlp,mobilenet-v2-96] [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import by_hand
+import numpy as np
+
+import infertune
+from infertune.backends.onnxruntime import OnnxRuntimeCpu
+from infertune.environment import collect_environment
+from infertune.measure import measure_interleaved, warm_up
+
+BATCH_SIZES = (1, 8, 64, 256)
+EXACT_RTOL = 1e-3  # infertune's default tolerance: what "exact" means for a raw runtime
+TARGET = 0.95  # dispatched callable >= 0.95x the speed of the fastest exact raw runtime
+DISPATCH_REL, DISPATCH_US = 0.03, 2.0  # the callable vs the chosen runtime called directly
+
+
+def _models() -> dict:
+    import keras
+
+    from infertune.demo import small_cnn
+
+    def mlp():
+        keras.utils.set_random_seed(0)
+        return keras.Sequential(
+            [keras.Input((256,))]
+            + [keras.layers.Dense(n, activation="relu") for n in (512, 512)]
+            + [keras.layers.Dense(64)],
+            name="mlp_256_512_512_64",
+        )
+
+    def mobilenet_v2_96():
+        keras.utils.set_random_seed(0)
+        return keras.applications.MobileNetV2(
+            weights=None, input_shape=(96, 96, 3), classifier_activation=None
+        )
+
+    return {  # name -> (builder, feature shape, value range)
+        "small-cnn": (small_cnn, (28, 28, 1), (0.0, 1.0)),
+        "mlp": (mlp, (256,), (-1.0, 1.0)),
+        "mobilenet-v2-96": (mobilenet_v2_96, (96, 96, 3), (-1.0, 1.0)),
+    }
+
+
+def _draw(shape, value_range, batch: int, seed: int) -> np.ndarray:
+    low, high = value_range
+    rng = np.random.default_rng(seed)
+    return rng.uniform(low, high, (batch, *shape)).astype("float32")
+
+
+def _raw_runners(model, x: np.ndarray, model_bytes: bytes) -> tuple[dict, dict]:
+    """Every raw runtime with its defaults at x's batch size: (runners, skipped reasons)."""
+    builders = {
+        "tf.function": lambda: by_hand.tf_function(model, x),
+        "tf.function+XLA": lambda: by_hand.tf_function(model, x, jit_compile=True),
+        "onnxruntime": lambda: by_hand.onnxruntime_session(model_bytes, x),
+        "openvino": lambda: by_hand.openvino_compiled(model_bytes, x),
+        "litert": lambda: by_hand.litert_interpreter(model, x),
+    }
+    runners, skipped = {}, {}
+    for label, build in builders.items():
+        try:
+            runners[label] = build()
+        except Exception as exc:  # missing here or failing on this model: said in the table
+            skipped[label] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:100]}"
+    return runners, skipped
+
+
+def _relative_error(runner, reference: np.ndarray) -> float:
+    out = runner()
+    out = out[0] if isinstance(out, list | tuple) else out
+    out = np.asarray(out, dtype=np.float64).reshape(reference.shape)
+    return float(np.linalg.norm(out - reference) / np.linalg.norm(reference))
+
+
+def run_model(name: str, budget_s: float) -> dict:
+    build, shape, value_range = _models()[name]
+    model = build()
+    sample = _draw(shape, value_range, 1, seed=0)
+
+    def say(text: str) -> None:
+        print(f"[batch-sizes] {name}: {text}", file=sys.stderr, flush=True)
+
+    say(f"optimize(batch_sizes={list(BATCH_SIZES)})")
+    start = time.perf_counter()
+    dispatched = infertune.optimize(model, sample, batch_sizes=BATCH_SIZES, verbose=False)
+    dispatched_s = time.perf_counter() - start
+    say("optimize() at batch 1 only")
+    start = time.perf_counter()
+    single = infertune.optimize(model, sample, verbose=False)
+    single_s = time.perf_counter() - start
+    model_bytes = by_hand.onnx_bytes(model, sample)
+    rows = []
+    for batch in BATCH_SIZES:
+        x = _draw(shape, value_range, batch, seed=batch)
+        reference = np.asarray(model(x), dtype=np.float64)
+        runners, skipped = _raw_runners(model, x, model_bytes)
+        errors = {label: _relative_error(fn, reference) for label, fn in runners.items()}
+        runners["infertune"] = lambda x=x: dispatched(x)
+        runners["tuned at batch 1"] = lambda x=x: single(x)
+        chosen = dispatched.backends_by_batch[batch]
+        backend = next(b for b in dispatched.backends if b.name == chosen)
+        runners["chosen, direct"] = lambda x=x, b=backend: b.run([x])[0]
+        say(f"batch {batch}: measuring {len(runners)} runners")
+        estimates = {label: warm_up(fn, min_calls=2) for label, fn in runners.items()}
+        cooldown = {
+            "onnxruntime": OnnxRuntimeCpu().cooldown_s,
+            "infertune": _cooldown(dispatched, chosen),
+            "tuned at batch 1": _cooldown(single, single.backend),
+            "chosen, direct": backend.cooldown_s,
+        }
+        measured = measure_interleaved(
+            runners, budget_s=budget_s, per_call_estimate_s=estimates, cooldown_s=cooldown,
+            min_rounds=8,
+        )  # fmt: skip
+        p50 = {label: s.p50 for label, s in measured.stats.items()}
+        exact = {
+            label: p50[label]
+            for label in runners
+            if label in errors and errors[label] <= EXACT_RTOL and label in p50
+        }
+        best = min(exact, key=exact.get)
+        rows.append(
+            {
+                "batch": batch,
+                "chosen": chosen,
+                "single_choice": single.backend,
+                "p50_ms": p50,
+                "rel_err": errors,
+                "skipped": skipped,
+                "best_raw": best,
+                "vs_best_raw": exact[best] / p50["infertune"],
+                "gain_over_single": p50["tuned at batch 1"] / p50["infertune"],
+                "dispatch_us": (p50["infertune"] - p50["chosen, direct"]) * 1e3,
+                "dispatch_ratio": p50["infertune"] / p50["chosen, direct"],
+            }
+        )
+    return {
+        "model": name,
+        "optimize_s": dispatched_s,
+        "optimize_single_s": single_s,
+        "backends_by_batch": dispatched.backends_by_batch,
+        "rows": rows,
+        "report": dispatched.report.to_dict(),
+    }
+
+
+def _cooldown(opt, name: str) -> float:
+    """The spin-down wait of the candidate that serves `name` (ONNX Runtime's workers)."""
+    return max(b.cooldown_s for b in opt.backends if b.name == name)
+
+
+def markdown(results: list[dict]) -> str:
+    lines = [
+        "| model | batch | infertune chose | infertune ms | fastest exact raw (ms) | vs raw | "
+        "tuned at batch 1 only (ms) | gain | callable vs chosen runtime direct |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for result in results:
+        for row in result["rows"]:
+            p50 = row["p50_ms"]
+            lines.append(
+                f"| {result['model']} | {row['batch']} | {row['chosen']} | "
+                f"{p50['infertune']:.3g} | {p50[row['best_raw']]:.3g} ({row['best_raw']}) | "
+                f"{row['vs_best_raw']:.2f}x | {p50['tuned at batch 1']:.3g} "
+                f"({row['single_choice']}) | {row['gain_over_single']:.2f}x | "
+                f"{row['dispatch_us']:+.2f} us ({row['dispatch_ratio']:.3f}x) |"
+            )
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", default=",".join(_models()), help="comma-separated")
+    parser.add_argument("--budget", type=float, default=6.0, help="seconds per batch size")
+    parser.add_argument("--out", type=Path, help="directory for results.json and results.md")
+    args = parser.parse_args()
+    names = [n for n in args.models.split(",") if n]
+    unknown = sorted(set(names) - set(_models()))
+    if unknown:
+        parser.error(f"unknown models {unknown}; known: {sorted(_models())}")
+    results = [run_model(name, args.budget) for name in names]
+    table = markdown(results)
+    print(table)
+    misses = [
+        f"{r['model']} at batch {row['batch']}: {row['vs_best_raw']:.2f}x the fastest exact raw "
+        f"runtime ({row['best_raw']}), target {TARGET}x"
+        for r in results
+        for row in r["rows"]
+        if row["vs_best_raw"] < TARGET
+    ]
+    misses += [
+        f"{r['model']} at batch {row['batch']}: the callable adds {row['dispatch_us']:.2f} us "
+        f"({row['dispatch_ratio']:.3f}x) over the chosen runtime called directly"
+        for r in results
+        for row in r["rows"]
+        if row["dispatch_ratio"] > 1 + DISPATCH_REL and row["dispatch_us"] > DISPATCH_US
+    ]
+    for miss in misses:
+        print(f"MISS {miss}")
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        data = {"environment": collect_environment(), "results": results}
+        (args.out / "results.json").write_text(json.dumps(data, indent=1, default=str) + "\n")
+        (args.out / "results.md").write_text(table + "\n")
+    return 1 if misses else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
