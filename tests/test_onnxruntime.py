@@ -81,7 +81,7 @@ def test_int8_is_off_by_default_and_follows_the_tolerance(tmp_path):
     assert manifest["backend"]["settings"]["quantization"] == {
         "weight_type": "QInt8", "per_channel": True, "reduce_range": True,
     }  # fmt: skip
-    assert "per channel" in OnnxRuntimeCpuInt8.quantization
+    assert "per channel" in OnnxRuntimeCpuInt8.precision_note
     graph = onnx.load(tmp_path / "int8" / "model.onnx").graph
     weights = {i.name: onnx.numpy_helper.to_array(i) for i in graph.initializer}
     quantized = {n: w for n, w in weights.items() if n.endswith("_quantized")}

@@ -165,12 +165,13 @@ INT8_SETTINGS_TEXT = (
 
 class OnnxRuntimeCpuInt8(OnnxRuntimeCpu):
     """Dynamic int8 quantization of the weights of MatMul/Gemm/Conv (onnxruntime.quantization),
-    with the settings above (`quantization` says them in words)."""
+    with the settings above (`precision_note` says them in words)."""
 
     name = "onnxruntime-cpu-int8"
     precision = "int8"
     rehearse_in_child = True  # the saved model.onnx is the quantized one: it loads as it ran
-    quantization: ClassVar[str] = INT8_SETTINGS_TEXT
+    # How it reduces precision, in words a person reading a report or a manifest understands.
+    precision_note: ClassVar[str] = INT8_SETTINGS_TEXT
 
     def model_bytes(self, target: Target) -> bytes:
         return target.shared(
