@@ -82,6 +82,9 @@ def test_int8_is_off_by_default_and_follows_the_tolerance(tmp_path):
         "weight_type": "QInt8", "per_channel": True, "reduce_range": True,
     }  # fmt: skip
     assert "per channel" in OnnxRuntimeCpuInt8.precision_note
+    # The report names them too, whether the candidate passed or not.
+    for report in (tight.report, loose.report):
+        assert f"onnxruntime-cpu-int8: {OnnxRuntimeCpuInt8.precision_note}" in report.notes
     graph = onnx.load(tmp_path / "int8" / "model.onnx").graph
     weights = {i.name: onnx.numpy_helper.to_array(i) for i in graph.initializer}
     quantized = {n: w for n, w in weights.items() if n.endswith("_quantized")}

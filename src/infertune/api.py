@@ -173,6 +173,11 @@ def _optimize(
     finally:
         isolation.close()
     results[0].first_call_ms = 1e3 * first_call_s  # the model's own first call, on the sample
+    precision_notes = [
+        f"{backend.name}: {backend.precision_note}"
+        for backend, result in zip(candidates, results)
+        if backend.precision_note and result.status not in ("skipped", "unavailable")
+    ]
     del candidates  # from here on, a rejected candidate is referenced by nobody
     if results[0].status != "ok":
         raise ModelError(
@@ -209,7 +214,7 @@ def _optimize(
         selected=chosen.name,
         selection_reason=why,
         total_s=progress.elapsed(),
-        notes=_notes(target, checks) + _gpu_notes(growth) + isolation.notes,
+        notes=_notes(target, checks) + precision_notes + _gpu_notes(growth) + isolation.notes,
         diagnosis=diagnosis,
         batches=batches,
         latency_budget_ms=options.latency_budget_ms,
