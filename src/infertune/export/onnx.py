@@ -75,6 +75,13 @@ def _convert(target: Target) -> OnnxExport:
     input_names = [node.name for node in model_proto.graph.input]
     output_names = [node.name for node in model_proto.graph.output]
     expected_inputs = [spec.name for spec in specs]
+    extra_inputs = [name for name in input_names if name not in expected_inputs]
+    if extra_inputs:  # values TensorFlow did not freeze; their scope names the layer
+        more = f" and {len(extra_inputs) - 3} more" if len(extra_inputs) > 3 else ""
+        raise RuntimeError(
+            f"values held by the model stay ONNX graph inputs instead of constants: "
+            f"{', '.join(extra_inputs[:3])}{more}"
+        )
     if input_names != expected_inputs:
         raise RuntimeError(
             f"ONNX inputs {input_names} do not match the signature {expected_inputs}"
@@ -149,8 +156,33 @@ def _frozen_graph_def(concrete: Any, input_names: list[str], output_names: list[
     # constants) and after it (ResourceGather in function bodies); both no-ops otherwise.
     graph_def = tf_loader.fix_freezing_errors(graph_def)
     graph_def = tf_loader.fix_freezing_errors_part2(graph_def)
+    _allow_inlining(graph_def)
     with tf.Graph().as_default():  # grappler exports a meta graph: not in eager mode
         return tf_loader.tf_optimize(input_names, output_names, graph_def)
+
+
+# Marks that keep grappler from inlining a function call: a tf.function compiled by XLA
+# (jit_compile=True) carries both.
+_NO_INLINING_ATTRS = ("_XlaMustCompile", "_noinline")
+
+
+def _allow_inlining(graph_def: Any) -> None:
+    """Clear the marks that keep grappler from inlining nested functions into the graph.
+
+    tf2onnx converts no function call op, and Keras 3 runs grouped convolutions (ConvNeXt's
+    depthwise ones) through a nested tf.function compiled by XLA, which grappler leaves as a
+    call. XLA's mark means nothing to an ONNX runtime; inlined, the call converts.
+    """
+    nodes = list(graph_def.node)
+    for function in graph_def.library.function:
+        nodes.extend(function.node_def)
+        for key in _NO_INLINING_ATTRS:
+            if key in function.attr:
+                del function.attr[key]
+    for node in nodes:
+        for key in _NO_INLINING_ATTRS:
+            if key in node.attr:
+                del node.attr[key]
 
 
 def _optimized(onnx_graph: Callable[[], Any]) -> Any:
