@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
+import pytest
 
 import infertune
 from infertune.export.onnx import export_onnx
@@ -88,3 +89,19 @@ def test_an_op_tf2onnx_cannot_convert_is_named_in_the_reason(rng):
     assert "tf2onnx cannot convert the TensorFlow op Lgamma" in result.reason
     assert "/log_gamma" in result.reason  # the node's scope names the layer
     assert "\n" not in result.reason
+
+
+def test_the_error_of_a_failing_tf2onnx_handler_is_in_the_reason(rng):
+    import tensorflow as tf
+
+    class WeightedBincount(tf.Module):
+        @tf.function(
+            input_signature=[[tf.TensorSpec((None, 5), tf.int32), tf.TensorSpec((None, 5))]]
+        )
+        def __call__(self, inputs):
+            ids, weights = inputs  # tf2onnx's DenseBincount handler refuses weights
+            return tf.math.bincount(ids, weights=weights, minlength=8, maxlength=8, axis=-1)
+
+    sample = [rng.integers(0, 8, (3, 5)).astype("int32"), rng.random((3, 5)).astype("float32")]
+    with pytest.raises(RuntimeError, match=r"op DenseBincount \(at .+: .*Non-empty weights"):
+        exported_graph(WeightedBincount(), sample)

@@ -217,10 +217,13 @@ class _Tf2onnxErrors(logging.Handler):
         self._thread = threading.get_ident()  # another optimize() may convert at the same time
 
     def emit(self, record: logging.LogRecord) -> None:
-        if record.thread != self._thread or not record.msg.startswith("Failed to convert node"):
+        # tf2onnx logs ("Failed to convert node %r (fct=%r)\n%r", name, handler, summary).
+        failed = str(record.msg).startswith("Failed to convert node") and record.args
+        if record.thread != self._thread or not failed:
             return
         exc = record.exc_info[1] if record.exc_info else None
-        self.failed_nodes[str(record.args[0])] = one_line(exc) if exc else record.getMessage()
+        why = one_line(exc).split(": ", 1)[-1] if exc else "its handler failed"
+        self.failed_nodes[str(record.args[0])] = why
 
     def __enter__(self) -> _Tf2onnxErrors:
         logging.getLogger("tf2onnx").addHandler(self)
@@ -244,13 +247,21 @@ def _raise_on_unconverted(model_proto: Any, failed_nodes: dict[str, str]) -> Non
         if node.domain in _STANDARD_DOMAINS and not onnx.defs.has(node.op_type, node.domain):
             unknown.setdefault(node.op_type, []).append(node.name)
     if unknown:
-        ops = ", ".join(f"{op} ({_nodes_text(names)})" for op, names in unknown.items())
+        ops = ", ".join(
+            f"{op} ({_nodes_text(names)}{_why(failed_nodes, names[0])})"
+            for op, names in unknown.items()
+        )
         kind = "op" if len(unknown) == 1 else "ops"
         raise RuntimeError(f"tf2onnx cannot convert the TensorFlow {kind} {ops}")
     if failed_nodes:
         node, error = next(iter(failed_nodes.items()))
         more = f" and {len(failed_nodes) - 1} more node(s)" if len(failed_nodes) > 1 else ""
         raise RuntimeError(f"tf2onnx failed to convert node {node}{more}: {error}")
+
+
+def _why(failed_nodes: dict[str, str], node: str) -> str:
+    """`: the error` of tf2onnx's handler where one failed on the node, else nothing."""
+    return f": {failed_nodes[node]}" if node in failed_nodes else ""
 
 
 def _nodes_text(names: list[str]) -> str:
