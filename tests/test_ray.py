@@ -148,7 +148,19 @@ def _infer(url: str, x: np.ndarray, name: str = "dense") -> np.ndarray:
     client = http.InferenceServerClient(url)
     tensor = http.InferInput("x", list(x.shape), "FP32")
     tensor.set_data_from_numpy(x)
-    return client.infer(name, [tensor]).as_numpy("output")
+    try:
+        return client.infer(name, [tensor]).as_numpy("output")
+    finally:
+        client.close()
+
+
+def test_deployment_checks_its_arguments_before_ray_runs_it(dense_saved, tmp_path):
+    with pytest.raises(infertune.OptionError, match="max_batch_size must be an integer >= 1"):
+        infertune.ray.deployment(dense_saved, max_batch_size=0)
+    with pytest.raises(infertune.OptionError, match="model name must be letters"):
+        infertune.ray.deployment(dense_saved, name="a/b")
+    with pytest.raises(infertune.ArtifactError, match="has no manifest.json"):
+        infertune.ray.deployment(tmp_path)
 
 
 # -- Ray Data -----------------------------------------------------------------------------------
@@ -212,6 +224,7 @@ def test_ray_serve_answers_tritonclient_in_batches(local_ray, dense_saved):
         with pytest.raises(InferenceServerException, match=r"\[400\].*'x' has shape \(1, 5\)"):
             _infer(url, x[:1, :5])
         np.testing.assert_allclose(_infer(url, x[:2]), got[:2], rtol=RTOL, atol=ATOL)
+        client.close()
     finally:
         serve.shutdown()
 

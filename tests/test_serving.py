@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import gzip
 import json
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -77,6 +79,12 @@ def test_served_model_names_shapes_and_batches_requests(dense_saved, dict_saved)
     with pytest.raises(infertune.InputError, match="different batch sizes"):
         scorer.check({"features": np.zeros((2, 4), "float32"),
                       "tokens": np.zeros((3, 5), "int32")}, cast=True)  # fmt: skip
+
+
+def test_importing_infertune_never_imports_ray():
+    code = "import sys, infertune; print([m for m in ('ray', 'tensorflow') if m in sys.modules])"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]"
 
 
 # -- the Open Inference Protocol --------------------------------------------------------------
