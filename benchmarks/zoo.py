@@ -1,9 +1,10 @@
 """The model zoo: infertune on keras.applications families and on models of variable shape.
 
-Image models (random weights, nothing to download, small resolutions so that the whole zoo
-runs in about 30-40 minutes on 2 cores) and models whose non-batch dimensions vary: a text
-model (Embedding + Conv1D) and a GRU over a variable length, a transformer encoder taking a
-dict {token ids, padding mask} over a variable length, a CNN with free height and width.
+Image models (random weights, nothing to download, small resolutions: on 2 shared cores 9 of
+the 17 models took 24 minutes, the whole zoo about an hour) and models whose non-batch
+dimensions vary: a text model (Embedding + Conv1D) and a GRU over a variable length, a
+transformer encoder taking a dict {token ids, padding mask} over a variable length, a CNN
+with free height and width.
 
 For each model, in a child process of its own (a crash or a hang costs that model only, and
 its memory goes back to the OS afterwards):
