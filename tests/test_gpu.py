@@ -167,10 +167,16 @@ def test_everything_installed_on_a_gpu_means_available():
 
 def test_gpu_without_onnxruntime_gpu_names_the_extra():
     facts = dataclasses.replace(
-        ALL_THERE, onnxruntime=("onnxruntime",), ort_providers=None, ort_tensorrt_links=()
+        ALL_THERE, onnxruntime=(), ort_providers=None, ort_tensorrt_links=()
     )
     reason = reason_unavailable("onnxruntime-cuda", facts)
     assert reason == "onnxruntime-gpu is not installed (pip install 'infertune[gpu]')"
+    # Beside the CPU onnxruntime, installing the GPU one is not enough: both write the module.
+    cpu_only = dataclasses.replace(facts, onnxruntime=("onnxruntime",))
+    assert reason_unavailable("onnxruntime-cuda", cpu_only) == (
+        "onnxruntime-gpu is not installed (pip uninstall -y onnxruntime onnxruntime-gpu, "
+        "then pip install 'infertune[gpu]')"
+    )
 
 
 def test_cpu_onnxruntime_shadowing_the_gpu_one_is_explained():

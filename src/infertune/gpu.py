@@ -209,7 +209,9 @@ def _ort_missing(kind: str, facts: GpuFacts) -> list[str]:
     both = "onnxruntime" in facts.onnxruntime and "onnxruntime-gpu" in facts.onnxruntime
     missing = []
     if not listed and "onnxruntime-gpu" not in facts.onnxruntime:
-        missing.append(f"onnxruntime-gpu is not installed ({GPU_EXTRA})")
+        # Installing it beside the CPU onnxruntime would not do: one of them would win.
+        fix = ORT_FIX if "onnxruntime" in facts.onnxruntime else GPU_EXTRA
+        missing.append(f"onnxruntime-gpu is not installed ({fix})")
     elif not listed and facts.ort_providers is not None:
         where = (
             "onnxruntime and onnxruntime-gpu are both installed and write the same module; "
