@@ -357,17 +357,21 @@ def _check_positive_or_none(name: str, value: Any) -> None:
 
 
 def _admitted(backend: Backend, result: CandidateResult, options: _Options, is_reference: bool):
-    """Whether a candidate goes on to prepare; if not, its result says why."""
+    """Whether a candidate goes on to prepare; if not, its result says why.
+
+    Availability comes before precision: a candidate that cannot run here is `unavailable`
+    with its reason whatever the precision allowed, so that a `skipped` fp16 candidate means
+    that allowing fp16 would let it run."""
+    reason = backend.available()
+    if reason is not None:
+        result.status, result.reason = "unavailable", reason
+        return False
     if backend.precision not in options.precisions:
         result.status = "skipped"
         result.reason = (
             f"{backend.precision} candidate; allow it with precision=(..., "
             f"{backend.precision!r}) where a reduced-precision error is acceptable"
         )
-        return False
-    reason = backend.available()
-    if reason is not None:
-        result.status, result.reason = "unavailable", reason
         return False
     if time.perf_counter() > options.deadline and not is_reference:
         result.status = "skipped"

@@ -79,8 +79,13 @@ def build_parser() -> argparse.ArgumentParser:
     env = verbs.add_parser(
         "env",
         help="which candidates can run here, and why the others cannot",
-        description="List every candidate backend: available here, or the reason it is not.",
+        description="List every candidate backend: available here, or the reason it is not. "
+        "With --check, run every candidate that can run here end to end on a tiny model and "
+        "print a table for a bug report (exit status 1 if one that can run here broke).",
     )
+    env.add_argument("--check", action="store_true",
+                     help="run every candidate that can run here on a tiny model")  # fmt: skip
+    env.add_argument("--quiet", action="store_true", help="no progress on stderr (--check)")
     env.set_defaults(run=_env)
 
     triton = verbs.add_parser(
@@ -294,6 +299,13 @@ def _report(args: argparse.Namespace) -> int:
 def _env(args: argparse.Namespace) -> int:
     from .backends import BACKENDS
     from .environment import collect_environment
+
+    if args.check:
+        from .envcheck import run_check
+
+        check = run_check(verbose=not args.quiet)
+        print(check.text())
+        return check.exit_code()
 
     env = collect_environment()
     cpu = env["cpu"]

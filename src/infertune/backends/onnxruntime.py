@@ -80,6 +80,7 @@ class OnnxRuntimeCpu(Backend):
 
     name = "onnxruntime-cpu"
     provider = "CPUExecutionProvider"
+    requires = "cpu"  # or gpu/tensorrt: onnxruntime-gpu has the CPU provider too
     runtime_packages = ("onnxruntime",)
     rehearse_in_child = True
 
@@ -93,7 +94,10 @@ class OnnxRuntimeCpu(Backend):
         try:
             import onnxruntime
         except ImportError as exc:
-            return f"onnxruntime is not installed ({exc}); pip install onnxruntime"
+            return (
+                f"onnxruntime is not installed ({exc}); pip install 'infertune[cpu]' "
+                f"(or 'infertune[gpu]' on a GPU machine)"
+            )
         if self.provider not in onnxruntime.get_available_providers():
             return f"ONNX Runtime here has no {self.provider}"
         return None
