@@ -29,10 +29,9 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import by_hand
 import numpy as np
+from timing import ONNXRUNTIME_COOLDOWN_S, measure_runners
 
 import infertune
-from infertune.backends.onnxruntime import OnnxRuntimeCpu
-from infertune.measure import measure_interleaved, warm_up
 
 TARGET = 0.95
 
@@ -86,15 +85,11 @@ def run(name: str, budget_s: float) -> dict:
         runners["onnxruntime"] = by_hand.onnxruntime_session(by_hand.onnx_bytes(model, x), x)
     except Exception as exc:  # the py_function model does not convert: said in the output
         print(f"  {name}: onnxruntime by hand: {type(exc).__name__}", file=sys.stderr)
-    estimates = {label: warm_up(fn, min_calls=2) for label, fn in runners.items()}
     cooldown = {
-        "onnxruntime": OnnxRuntimeCpu().cooldown_s,
+        "onnxruntime": ONNXRUNTIME_COOLDOWN_S,
         "infertune": max(b.cooldown_s for b in opt.backends),
     }
-    measured = measure_interleaved(
-        runners, budget_s=budget_s, per_call_estimate_s=estimates, cooldown_s=cooldown,
-        min_rounds=8,
-    )  # fmt: skip
+    measured = measure_runners(runners, budget_s=budget_s, cooldown_s=cooldown)
     p50 = {label: s.p50 * 1e3 for label, s in measured.stats.items()}  # us
     raw = {label: v for label, v in p50.items() if label != "infertune"}
     best = min(raw, key=raw.get)
