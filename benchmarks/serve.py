@@ -13,6 +13,8 @@ same client for both:
   `model(x)`, raw float32 bytes in and out (less HTTP work than the protocol). A fixed number
   of client threads (`--concurrency`), each with its own keep-alive HTTP connection, send
   one-sample requests for `--seconds` after a warm-up; requests/s, p50 and p99 latency.
+  A third deployment, `NoModel`, answers each request with its own bytes through the same
+  `serve.batch` path: the most requests/s this Ray, this client and this machine allow.
 - Ray Data: `map_batches(infertune.ray.Predictor, compute=ActorPoolStrategy(size=2))` over
   the same array as `model.predict(x)` in this process (and infertune's callable in this
   process, batch by batch); samples/s, wall time from the call to the last batch (the
@@ -76,6 +78,20 @@ class KerasByHand:
     async def predict(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
         outputs = np.asarray(self.model(np.concatenate(inputs)))
         return np.split(outputs, np.cumsum([len(x) for x in inputs])[:-1])
+
+
+@serve.deployment(max_ongoing_requests=2 * MAX_BATCH_SIZE)
+class NoModel:
+    """The ceiling: KerasByHand's request path (body, serve.batch, response) with no model,
+    answering each request with its own bytes. No deployment on this Ray and this client
+    can answer more requests/s than this."""
+
+    async def __call__(self, request: Request) -> Response:
+        return Response(await self.echo(await request.body()))
+
+    @serve.batch(max_batch_size=MAX_BATCH_SIZE, batch_wait_timeout_s=BATCH_WAIT_S)
+    async def echo(self, bodies: list[bytes]) -> list[bytes]:
+        return bodies
 
 
 # -- the client ---------------------------------------------------------------------------------
@@ -155,16 +171,19 @@ def bench_serve(name: str, model, saved: Path, keras_path: Path, sample: np.ndar
          "/v2/models/m/infer", *_protocol_body(x)),
         ("Keras by hand", KerasByHand.bind(str(keras_path), tuple(x.shape[1:])), "/",
          x.tobytes(), {}),
+        ("no model (ceiling)", NoModel.bind(), "/", x.tobytes(), {}),
     ]  # fmt: skip
     for label, app, path, body, headers in deployments:
         serve.run(app, name="bench", route_prefix="/")
         connection = http.client.HTTPConnection("127.0.0.1", port, timeout=300)
-        got = _decode(*_post(connection, path, body, headers)).reshape(expected.shape)
+        got = _decode(*_post(connection, path, body, headers))
         connection.close()
-        # Same model, same input: Keras' float32 round-off against the tuned runtime's.
-        scale = float(np.abs(expected).max())
-        if not np.allclose(got, expected, rtol=1e-3, atol=1e-3 * scale):
-            raise RuntimeError(f"{label} on {name}: the answer differs from model(x)")
+        if label.startswith("no model"):
+            expected_bytes = x.tobytes()
+            if got.tobytes() != expected_bytes:
+                raise RuntimeError(f"{label}: the echo differs from the request")
+        else:
+            _check_answer(label, name, got.reshape(expected.shape), expected)
         result = load_test(port, path, body, headers, args.concurrency, args.seconds)
         if label == "infertune":
             connection = http.client.HTTPConnection("127.0.0.1", port)
@@ -176,6 +195,13 @@ def bench_serve(name: str, model, saved: Path, keras_path: Path, sample: np.ndar
         print(f"  serve {label}: {result}", file=sys.stderr, flush=True)
         serve.delete("bench")
     return rows
+
+
+def _check_answer(label: str, name: str, got: np.ndarray, expected: np.ndarray) -> None:
+    # Same model, same input: Keras' float32 round-off against the tuned runtime's.
+    scale = float(np.abs(expected).max())
+    if not np.allclose(got, expected, rtol=1e-3, atol=1e-3 * scale):
+        raise RuntimeError(f"{label} on {name}: the answer differs from model(x)")
 
 
 def bench_data(name: str, model, saved: Path, args) -> list[dict]:
@@ -264,7 +290,7 @@ def print_tables(serve_rows: list[dict], data_rows: list[dict], tuned: dict, arg
     print("| model | deployment | requests/s | p50 ms | p99 ms | vs by hand |")
     print("|---|---|---|---|---|---|")
     by_hand = {
-        r["model"]: r["requests_per_s"] for r in serve_rows if r["deployment"] != "infertune"
+        r["model"]: r["requests_per_s"] for r in serve_rows if r["deployment"] == "Keras by hand"
     }
     for row in serve_rows:
         label = row["deployment"]
