@@ -34,6 +34,7 @@ class Target:
     _seconds: dict[str, float] = field(default_factory=dict, repr=False)
     used: list[str] = field(default_factory=list, repr=False)  # keys, in order of use
     _building: set[str] = field(default_factory=set, repr=False)
+    _spans: dict[str, tuple[float, float]] = field(default_factory=dict, repr=False)
 
     def shared(self, key: str, build: Callable[[], Any]) -> Any:
         """Build a conversion once and share it (or its failure) between backends."""
@@ -52,7 +53,9 @@ class Target:
                 self._shared[key] = (False, exc)
             finally:
                 self._building.discard(key)
-            self._seconds[key] = time.perf_counter() - start
+            end = time.perf_counter()
+            self._seconds[key] = end - start
+            self._spans[key] = (start, end)
         ok, value = self._shared[key]
         if not ok:
             raise value
@@ -76,6 +79,15 @@ class Target:
     def shared_seconds(self, keys: list[str]) -> float:
         """What building these shared conversions cost, whoever paid for it."""
         return sum(self._seconds.get(key, 0.0) for key in set(keys))
+
+    def built_between(self, start: float, end: float) -> dict[str, float]:
+        """The shared conversions built within [start, end] (perf_counter), with their
+        seconds: the part of a stage that was shared work, not the candidate's own."""
+        return {
+            key: b - a
+            for key, (a, b) in self._spans.items()
+            if a >= start and b <= end  # a build abandoned earlier ends inside no stage
+        }
 
     def shared_value(self, key: str) -> Any | None:
         """A shared conversion that was already built successfully, else None."""

@@ -72,6 +72,8 @@ class OnnxRuntimeCpu(Backend):
     """An InferenceSession with the CPU execution provider and the given session settings."""
 
     name = "onnxruntime-cpu"
+    conversions = ("onnx",)
+    relative_cost = 0.6  # a session compiled twice (rehearsal, then here)
     provider = "CPUExecutionProvider"
     runtime_packages = ("onnxruntime",)
     rehearse_in_child = True
@@ -146,6 +148,7 @@ class OnnxRuntimeCpuInt8(OnnxRuntimeCpu):
     """Dynamic int8 quantization of the weights of MatMul/Gemm/Conv (onnxruntime.quantization)."""
 
     name = "onnxruntime-cpu-int8"
+    conversions = ("onnx", "onnx-int8")
     precision = "int8"
     rehearse_in_child = True  # the saved model.onnx is the quantized one: it loads as it ran
 

@@ -1,0 +1,433 @@
+"""Prepare and verify the candidates: in the order most likely to pay, within the time budget,
+with the rehearsal child working while this process converts.
+
+Each candidate goes through its stages (stages.py): conversion, rehearsal (for the native
+runtimes, isolation.py), compile, first call, verification. A rehearsed candidate's rehearsal
+is submitted to the child process as soon as its files exist; this process goes on with the
+next candidate's conversion (an ONNX export, a TFLite conversion: the longest stages) and
+compiles the rehearsed one here once the child has answered. Only a candidate whose rehearsal
+survived is ever compiled in this process.
+
+With a time budget, a candidate is started only when its estimated cost (planning.py) fits in
+what is left after the measurement and the diagnosis have their share; one that does not is
+`skipped`, and the report and the progress lines say how much it needed and how much was left.
+A stage still running at the budget's end is abandoned (as at candidate_timeout_s) and the
+candidate is `skipped`, said so.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .backends import Backend
+from .errors import one_line
+from .isolation import (
+    CandidateCrashed,
+    CandidateTimeout,
+    Isolation,
+    NotRehearsable,
+    Rehearsal,
+    RehearsalError,
+    RehearsalUnavailable,
+)
+from .machine import MachineRecord
+from .planning import CONVERSION_STAGES, Probe, estimate_s, order_candidates
+from .progress import Progress
+from .report import CandidateResult
+from .target import Target
+from .verify import Comparison, compare_outputs
+
+__all__ = ["Budget", "Check", "prepare_all"]
+
+
+def shared_stage(key: str) -> str:
+    """A shared conversion's (Target key's) name as a stage of the report."""
+    return CONVERSION_STAGES.get(key, f"conversion {key}")
+
+
+@dataclass
+class Check:
+    """One verification input and the reference outputs for it."""
+
+    label: str
+    inputs: list[np.ndarray]
+    reference: list[np.ndarray]
+
+
+@dataclass
+class Budget:
+    """optimize()'s time budget: its deadline (the model's own first call excluded) and what
+    the work after the candidates needs (`after_s(contenders)`: measurement and diagnosis)."""
+
+    time_budget_s: float | None
+    deadline: float = math.inf
+    after_s: Callable[[int], float] = lambda contenders: 0.0
+    after_measurement_s: float = 0.0  # the diagnosis and the report, after the measurement
+
+    @property
+    def limited(self) -> bool:
+        return self.time_budget_s is not None
+
+    def left_s(self) -> float:
+        return self.deadline - time.perf_counter()
+
+
+@dataclass
+class _Candidate:
+    """A candidate on its way through its stages."""
+
+    backend: Backend
+    result: CandidateResult
+    stage: str = "conversion"
+    deadline: float = math.inf  # of its current phase (candidate_timeout_s, the budget)
+    rehearsal: Rehearsal | None = None
+    estimate: tuple[float, str] | None = None
+
+
+@dataclass
+class _Run:
+    """What every candidate's preparation shares."""
+
+    target: Target
+    checks: list[Check]
+    options: Any  # api._Options: rtol, atol, precisions
+    progress: Progress
+    isolation: Isolation
+    budget: Budget
+    probe: Probe | None
+    record: MachineRecord | None
+    contenders: dict[str, Backend] = field(default_factory=dict)
+    call_estimates: dict[str, float] = field(default_factory=dict)  # s per call, sample batch
+    estimates: dict[str, float] = field(default_factory=dict)  # planned seconds, by name
+
+
+def prepare_all(
+    candidates: list[Backend],
+    target: Target,
+    checks: list[Check],
+    results: list[CandidateResult],
+    options: Any,
+    progress: Progress,
+    isolation: Isolation,
+    budget: Budget,
+    probe: Probe | None = None,
+    record: MachineRecord | None = None,
+) -> tuple[dict[str, Backend], dict[str, float], list[str]]:
+    """Prepare and verify each candidate (the reference first, then the others in the planned
+    order); `results` gets one entry per candidate, in the order given. Returns the verified
+    candidates by name, their seconds per call on the sample seen in verification (for the
+    measurement's warm-up), and the names in the order they were tried."""
+    run = _Run(target, checks, options, progress, isolation, budget, probe, record)
+    states = []
+    for backend in candidates:
+        result = CandidateResult(name=backend.name, status="ok", precision=backend.precision)
+        results.append(result)
+        states.append(_Candidate(backend, result))
+    reference, others = states[0], states[1:]
+    # The model itself runs as the caller runs it, in this thread, with no deadline.
+    if _admitted(reference, options) and _in_process(reference, run, Isolation("off", None)):
+        run.contenders[reference.backend.name] = reference.backend
+    isolation.start()  # the child's imports overlap the next candidate's conversion
+    if probe is not None:
+        by_backend = {id(s.backend): s for s in others}
+        ordered = order_candidates([s.backend for s in others], probe, record)
+        others = [by_backend[id(b)] for b in ordered]
+    tried = [reference.backend.name]
+    pending: list[_Candidate] = []
+    for state in others:
+        if not _admitted(state, options):
+            continue
+        if not _fits(state, run, pending):
+            continue
+        tried.append(state.backend.name)
+        if isolation.rehearses(state.backend):
+            if _convert_and_submit(state, run):
+                pending.append(state)
+        elif _in_process(state, run, isolation):
+            run.contenders[state.backend.name] = state.backend
+        # Those the child has answered meanwhile are compiled here now, while it goes on.
+        while pending and pending[0].rehearsal is not None and pending[0].rehearsal.done():
+            _finish(pending.pop(0), run)
+    for state in pending:
+        _finish(state, run)
+    return run.contenders, run.call_estimates, tried
+
+
+# -- admission and the budget -------------------------------------------------------------
+def _admitted(state: _Candidate, options: Any) -> bool:
+    """Whether a candidate can go on to prepare; if not, its result says why."""
+    backend, result = state.backend, state.result
+    if backend.precision not in options.precisions:
+        result.status = "skipped"
+        result.reason = (
+            f"{backend.precision} candidate; allow it with precision=(..., "
+            f"{backend.precision!r}) where a reduced-precision error is acceptable"
+        )
+        return False
+    reason = backend.available()
+    if reason is not None:
+        result.status, result.reason = "unavailable", reason
+        return False
+    return True
+
+
+def _fits(state: _Candidate, run: _Run, pending: list[_Candidate]) -> bool:
+    """Under a time budget: whether the candidate's estimated cost fits in what is left once
+    the candidates already started and the work after them have their share."""
+    budget = run.budget
+    if not budget.limited:
+        return True
+    name = state.backend.name
+    if run.probe is None:  # nothing to estimate from: only the budget's end stops it
+        if budget.left_s() > budget.after_s(len(run.contenders) + 1):
+            return True
+        return _skip(state, run, f"not reached within time_budget_s={budget.time_budget_s:g}")
+    built = run.target.built() | {k for s in pending for k in s.backend.conversions}
+    seconds, how = estimate_s(state.backend, run.probe, built, run.record)
+    state.estimate = (seconds, how)
+    run.estimates[name] = seconds
+    owed = sum(run.estimates.get(s.backend.name, 0.0) for s in pending) * 0.3  # here, after
+    after = budget.after_s(len(run.contenders) + len(pending) + 1)
+    left = budget.left_s() - after - owed
+    if seconds <= left:
+        return True
+    return _skip(
+        state,
+        run,
+        f"needs about {seconds:.1f} s ({how}); {max(0.0, left):.1f} s of "
+        f"time_budget_s={budget.time_budget_s:g} were left for it (the measurement and the "
+        f"diagnosis keep {after:.1f} s)",
+    )
+
+
+def _skip(state: _Candidate, run: _Run, reason: str) -> bool:
+    state.result.status, state.result.reason = "skipped", reason
+    run.progress.say(f"{state.backend.name}: skipped, {reason}")
+    return False
+
+
+def _deadline(run: _Run, isolation: Isolation) -> float:
+    """The deadline of a phase that starts now: candidate_timeout_s's, or the budget's end
+    where sooner (stages in a worker thread can be abandoned; with isolation 'off', none)."""
+    deadline = isolation.deadline()
+    if run.budget.limited and isolation.mode != "off":
+        deadline = min(deadline, run.budget.deadline)
+    return deadline
+
+
+# -- the stages ---------------------------------------------------------------------------
+def _stage(state: _Candidate, run: _Run, stage: str, text: str, fn: Callable[[], Any]) -> Any:
+    """fn() as `stage` of the candidate, timed; shared conversions built meanwhile are
+    timed as shared stages of their own, not as the candidate's."""
+    state.stage = stage
+    run.progress.stage(text)
+    start = time.perf_counter()
+    try:
+        return fn()
+    finally:
+        end = time.perf_counter()
+        shared = run.target.built_between(start, end)
+        for key, seconds in shared.items():
+            run.progress.times.add(shared_stage(key), seconds)
+        own = end - start - sum(shared.values())
+        run.progress.times.add(stage, own, state.backend.name)
+
+
+def _in_process(state: _Candidate, run: _Run, isolation: Isolation) -> bool:
+    """Prepare, first call and verify a candidate that is not rehearsed."""
+    state.deadline = _deadline(run, isolation)
+    return _guarded(state, run, lambda: _compile_and_verify(state, run, isolation))
+
+
+def _convert_and_submit(state: _Candidate, run: _Run) -> bool:
+    """Convert a rehearsed candidate here and submit its rehearsal; False if it failed."""
+    backend, isolation = state.backend, run.isolation
+    name = backend.name
+    state.deadline = _deadline(run, isolation)
+
+    def convert_and_submit() -> None:
+        started = time.perf_counter()
+        _stage(
+            state,
+            run,
+            "conversion",
+            f"{name}: converting",
+            lambda: isolation.call(
+                lambda: backend.convert(run.target), state.deadline, "conversion"
+            ),
+        )
+        limit = isolation.timeout_s
+        allowed = None
+        if isolation.deadline() != math.inf and limit is not None:
+            allowed = limit - (time.perf_counter() - started)
+        state.stage = "rehearsal"
+        try:
+            state.rehearsal = isolation.submit(
+                backend, run.target, [c.inputs for c in run.checks], allowed
+            )
+        except RehearsalUnavailable as exc:
+            isolation.fall_back(str(exc))
+
+    return _guarded(state, run, convert_and_submit)
+
+
+def _finish(state: _Candidate, run: _Run) -> None:
+    """Wait for a submitted candidate's rehearsal, then compile and verify it here."""
+    name, isolation = state.backend.name, run.isolation
+
+    def finish() -> None:
+        if state.rehearsal is not None:
+            give_up = run.budget.deadline if run.budget.limited else math.inf
+            answered = _stage(
+                state,
+                run,
+                "rehearsal",
+                f"{name}: compiling and running in a child process first",
+                lambda: _wait(state.rehearsal, give_up),
+            )
+            if not answered:
+                raise _BudgetOver("its rehearsal in the child process")
+        if run.budget.limited and run.budget.left_s() <= run.budget.after_s(
+            len(run.contenders) + 1
+        ):
+            raise _BudgetOver("before its compile here")
+        state.deadline = _deadline(run, isolation)  # compiling here gets the full time again
+        _compile_and_verify(state, run, isolation)
+
+    if _guarded(state, run, finish):
+        run.contenders[name] = state.backend
+
+
+def _wait(rehearsal: Rehearsal, give_up_at: float) -> bool:
+    """The rehearsal's verdict (raised where it failed); False if not in by `give_up_at`.
+    A child that cannot start, or cannot import the class, leaves the candidate to be
+    prepared here without a rehearsal (said in the notes)."""
+    isolation = rehearsal._isolation
+    try:
+        return rehearsal.wait(give_up_at)
+    except RehearsalUnavailable as exc:
+        isolation.fall_back(str(exc))
+    except NotRehearsable as exc:
+        isolation.notes.append(f"{rehearsal.name}: prepared without a rehearsal ({exc})")
+    return True
+
+
+def _compile_and_verify(state: _Candidate, run: _Run, isolation: Isolation) -> None:
+    """Compile here, time the first call, verify on every check (raises on failure)."""
+    backend, target, checks, result = state.backend, run.target, run.checks, state.result
+    name, deadline = backend.name, state.deadline
+    used_before = len(target.used)
+    _stage(
+        state,
+        run,
+        "compile",
+        f"{name}: preparing",
+        lambda: isolation.call(lambda: backend.prepare(target), deadline, "prepare"),
+    )
+    # prepare_s: its own stages before the first call, plus every shared conversion it uses
+    # (the ONNX export), whoever paid for it, so that each candidate shows its whole cost.
+    own = run.progress.times.candidates.get(name, {})
+    result.prepare_s = (
+        own.get("conversion", 0.0)
+        + own.get("compile", 0.0)
+        + target.shared_seconds(target.used[used_before:] + list(backend.conversions))
+    )
+    start = time.perf_counter()
+    outputs = _stage(
+        state,
+        run,
+        "first call",
+        f"{name}: first call",
+        lambda: isolation.call(lambda: backend.run(checks[0].inputs), deadline, "first call"),
+    )
+    result.first_call_ms = 1e3 * (time.perf_counter() - start)
+
+    def verify() -> Comparison:
+        comparison = Comparison(True, "")
+        at_sample_batch = []
+        found_outputs = outputs
+        for check in checks:
+            if check is not checks[0]:
+                t0 = time.perf_counter()
+                found_outputs = isolation.call(
+                    lambda c=check: backend.run(c.inputs), deadline, "verification"
+                )
+                if _batch(check.inputs) == _batch(checks[0].inputs):
+                    at_sample_batch.append(time.perf_counter() - t0)
+            found = compare_outputs(
+                found_outputs, check.reference, run.options.rtol, run.options.atol
+            )
+            if not found:
+                found = Comparison(
+                    False, f"on {check.label}: {found.reason}", found.max_abs_err, found.max_rel_err
+                )
+            comparison = comparison.merged(found)
+        if at_sample_batch:
+            run.call_estimates[name] = float(np.median(at_sample_batch))
+        return comparison
+
+    comparison = _stage(
+        state, run, "verification", f"{name}: verifying on {len(checks)} inputs", verify
+    )
+    result.max_abs_err, result.max_rel_err = comparison.max_abs_err, comparison.max_rel_err
+    if not comparison:
+        raise _Mismatch(comparison.reason)
+    run.progress.say(f"{name}: verified (relative error {comparison.max_rel_err:.1e})")
+
+
+def _batch(inputs: list[np.ndarray]) -> int | None:
+    return inputs[0].shape[0] if inputs and inputs[0].ndim else None
+
+
+class _Mismatch(Exception):
+    """Verification rejected the candidate (its result already holds the errors)."""
+
+
+class _BudgetOver(Exception):
+    """The time budget ran out during (or before) a stage: the candidate is skipped."""
+
+
+def _guarded(state: _Candidate, run: _Run, fn: Callable[[], None]) -> bool:
+    """Run a candidate's stages; True if they all passed. A failure is its result's status
+    and reason, never raised; a candidate that failed is closed, one timed out is not (a
+    stage abandoned in a thread may still be using it)."""
+    name, result, progress = state.backend.name, state.result, run.progress
+    try:
+        fn()
+        return True
+    except _Mismatch as exc:
+        result.status, result.reason = "mismatch", str(exc)
+        progress.say(f"{name}: rejected, {result.reason}")
+    except _BudgetOver as exc:
+        result.status = "skipped"
+        result.reason = f"time_budget_s={run.budget.time_budget_s:g} ran out {exc}"
+        progress.say(f"{name}: skipped, {result.reason}")
+    except CandidateTimeout as exc:
+        if run.budget.limited and time.perf_counter() >= run.budget.deadline:
+            result.status = "skipped"
+            result.reason = (
+                f"time_budget_s={run.budget.time_budget_s:g} ran out during its {state.stage} "
+                f"(abandoned, as at candidate_timeout_s)"
+            )
+            progress.say(f"{name}: skipped, {result.reason}")
+        else:
+            result.status, result.reason = "timeout", str(exc)
+            progress.say(f"{name}: timed out: {result.reason}")
+        return False
+    except (CandidateCrashed, RehearsalError) as exc:
+        result.status, result.reason = "failed", str(exc)
+        progress.say(f"{name}: {result.reason}")
+    except Exception as exc:  # a candidate's failure is reported, never raised
+        stage = "prepare" if state.stage == "compile" else state.stage
+        result.status, result.reason = "failed", f"{stage}: {one_line(exc)}"
+        progress.say(f"{name}: failed at {result.reason}")
+    with contextlib.suppress(Exception):  # what it held goes when it is collected
+        state.backend.close()
+    return False
