@@ -3,8 +3,15 @@
 from __future__ import annotations
 
 import os
+import tempfile
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# What runs learn about the machine (its peak, tuning costs) goes to a file of this test
+# session, never the user's ~/.cache (machine.py).
+os.environ.setdefault(
+    "INFERTUNE_MACHINE_FILE",
+    os.path.join(tempfile.mkdtemp(prefix="infertune-tests-"), "machine.json"),
+)
 
 import numpy as np
 import pytest

@@ -172,7 +172,7 @@ def _optimize(
     finally:
         isolation.close()
     for name, seconds in isolation.child_seconds.items():
-        times.add_background(name, seconds)
+        times.add_background(name, seconds, "rehearsal in the child process")
     results[0].first_call_ms = 1e3 * first_call_s  # the model's own first call, on the sample
     candidates = [(type(b), b.name) for b in candidates]  # a rejected one is referenced by nobody
     if results[0].status != "ok":

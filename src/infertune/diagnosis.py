@@ -428,12 +428,15 @@ def diagnose(
 def machine_peak(record: MachineRecord | None) -> float:
     """The machine's float32 GFLOP/s: from its record where measured before, else measured
     now (about a second) and recorded. A peak does not change while the CPU and the
-    libraries (part of the record's key) stay the same."""
+    libraries (part of the record's key) stay the same; it is measured again every
+    PEAK_EVERY runs, and the highest measurement stands (machine.py)."""
     if record is not None and record.peak_gflops is not None:
+        record.use_peak()
         return record.peak_gflops
     peak = measure_float32_ceiling()
     if record is not None:
         record.set_peak(peak)
+        peak = record.peak_gflops or peak  # the highest measured here
     return peak
 
 

@@ -21,10 +21,11 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-__all__ = ["MachineRecord", "machine_file"]
+__all__ = ["PEAK_EVERY", "MachineRecord", "machine_file"]
 
 _VERSION = 1
 _EMA = 0.5  # weight of the newest run in a learned correction: follows a changed load fast
+PEAK_EVERY = 10  # runs between two measurements of the peak
 
 
 def machine_file() -> Path | None:
@@ -59,11 +60,26 @@ class MachineRecord:
     # -- the float32 peak ------------------------------------------------------------------
     @property
     def peak_gflops(self) -> float | None:
+        """The peak measured before, or None when it is (again) time to measure it: every
+        PEAK_EVERY-th run measures anew, and the highest measurement is kept, so that one
+        measurement on a busy machine does not stand for good."""
         value = self.data.get("peak_gflops")
-        return float(value) if isinstance(value, int | float) and value > 0 else None
+        if not (isinstance(value, int | float) and value > 0):
+            return None
+        if self.data.get("peak_uses", 0) >= PEAK_EVERY:
+            return None
+        return float(value)
+
+    def use_peak(self) -> None:
+        """Count a run that used the recorded peak."""
+        self.data["peak_uses"] = self.data.get("peak_uses", 0) + 1
 
     def set_peak(self, gflops: float) -> None:
-        self.data["peak_gflops"] = float(gflops)
+        """Record a measurement: the highest so far stands."""
+        old = self.data.get("peak_gflops")
+        best = max(float(gflops), float(old)) if isinstance(old, int | float) else float(gflops)
+        self.data["peak_gflops"] = best
+        self.data["peak_uses"] = 0
 
     # -- what tuning costs here ------------------------------------------------------------
     def correction(self, kind: str) -> float | None:

@@ -21,6 +21,8 @@ import contextlib
 import math
 import time
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FuturesTimeout
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -88,6 +90,7 @@ class _Candidate:
     stage: str = "conversion"
     deadline: float = math.inf  # of its current phase (candidate_timeout_s, the budget)
     rehearsal: Rehearsal | None = None
+    future: Future | None = None  # its first call and verification, in the background
     estimate: tuple[float, str] | None = None
 
 
@@ -141,23 +144,41 @@ def prepare_all(
         others = [by_backend[id(b)] for b in ordered]
     tried = [reference.backend.name]
     pending: list[_Candidate] = []
-    for state in others:
-        if not _admitted(state, options):
-            continue
-        if not _fits(state, run, pending):
-            continue
-        tried.append(state.backend.name)
-        if isolation.rehearses(state.backend):
-            if _convert_and_submit(state, run):
-                pending.append(state)
-        elif _in_process(state, run, isolation):
-            run.contenders[state.backend.name] = state.backend
-        # Those the child has answered meanwhile are compiled here now, while it goes on.
-        while pending and pending[0].rehearsal is not None and pending[0].rehearsal.done():
-            _finish(pending.pop(0), run)
-    for state in pending:
-        _finish(state, run)
+    # One background thread runs the first call and verification of the candidates that are
+    # not rehearsed (XLA compiles at its first calls, in native code, without the GIL) while
+    # this thread converts the next ones. Not with isolation "off": all in the caller's thread.
+    background = ThreadPoolExecutor(1, "infertune background") if isolation.mode != "off" else None
+    try:
+        for state in others:
+            if not _admitted(state, options) or not _fits(state, run, pending):
+                continue
+            tried.append(state.backend.name)
+            if isolation.rehearses(state.backend):
+                if _convert_and_submit(state, run):
+                    pending.append(state)
+            elif background is not None:
+                if _compile_and_start(state, run, background):
+                    pending.append(state)
+            elif _in_process(state, run, isolation):
+                run.contenders[state.backend.name] = state.backend
+            # Those answered meanwhile are finished here now, while the others go on.
+            for ready in [s for s in pending if _answered(s)]:
+                pending.remove(ready)
+                _finish(ready, run)
+        for state in pending:
+            _finish(state, run)
+    finally:
+        if background is not None:
+            background.shutdown(wait=False)  # every future was waited for, or abandoned
     return run.contenders, run.call_estimates, tried
+
+
+def _answered(state: _Candidate) -> bool:
+    """Whether a pending candidate's rehearsal or background work has finished (or was
+    never started: nothing to wait for)."""
+    if state.future is not None:
+        return state.future.done()
+    return state.rehearsal is None or state.rehearsal.done()
 
 
 # -- admission and the budget -------------------------------------------------------------
@@ -223,10 +244,14 @@ def _deadline(run: _Run, isolation: Isolation) -> float:
 
 
 # -- the stages ---------------------------------------------------------------------------
-def _stage(state: _Candidate, run: _Run, stage: str, text: str, fn: Callable[[], Any]) -> Any:
+def _stage(
+    state: _Candidate, run: _Run, stage: str, text: str, fn: Callable[[], Any], track: bool = True
+) -> Any:
     """fn() as `stage` of the candidate, timed; shared conversions built meanwhile are
-    timed as shared stages of their own, not as the candidate's."""
-    state.stage = stage
+    timed as shared stages of their own, not as the candidate's. `track`: the stage is the
+    one a failure is reported at (not for a wait on work done elsewhere)."""
+    if track:
+        state.stage = stage
     run.progress.stage(text)
     start = time.perf_counter()
     try:
@@ -279,8 +304,22 @@ def _convert_and_submit(state: _Candidate, run: _Run) -> bool:
 
 
 def _finish(state: _Candidate, run: _Run) -> None:
-    """Wait for a submitted candidate's rehearsal, then compile and verify it here."""
+    """Wait for a submitted candidate's rehearsal, then compile and verify it here; or wait
+    for its first call and verification in the background thread."""
     name, isolation = state.backend.name, run.isolation
+    if state.future is not None:
+        give_up = run.budget.deadline if run.budget.limited else None
+
+        def wait() -> None:
+            try:
+                _stage(state, run, "waiting", f"{name}: first call and verification",
+                       lambda: state.future.result(_timeout(give_up)), track=False)  # fmt: skip
+            except FuturesTimeout:
+                raise _BudgetOver("during its first call and verification") from None
+
+        if _guarded(state, run, wait):
+            run.contenders[name] = state.backend
+        return
 
     def finish() -> None:
         if state.rehearsal is not None:
@@ -321,7 +360,27 @@ def _wait(rehearsal: Rehearsal, give_up_at: float) -> bool:
 
 def _compile_and_verify(state: _Candidate, run: _Run, isolation: Isolation) -> None:
     """Compile here, time the first call, verify on every check (raises on failure)."""
-    backend, target, checks, result = state.backend, run.target, run.checks, state.result
+    _compile(state, run, isolation)
+    _first_call_and_verify(state, run, isolation)
+
+
+def _compile_and_start(state: _Candidate, run: _Run, background: ThreadPoolExecutor) -> bool:
+    """Compile a candidate that is not rehearsed here (tracing is Python: this thread), then
+    start its first call and verification in the background thread; False if it failed."""
+    isolation = run.isolation
+    state.deadline = _deadline(run, isolation)
+
+    def compile_and_start() -> None:
+        _compile(state, run, isolation)
+        state.future = background.submit(
+            _first_call_and_verify, state, run, isolation, in_background=True
+        )
+
+    return _guarded(state, run, compile_and_start)
+
+
+def _compile(state: _Candidate, run: _Run, isolation: Isolation) -> None:
+    backend, target, result = state.backend, run.target, state.result
     name, deadline = backend.name, state.deadline
     used_before = len(target.used)
     _stage(
@@ -339,8 +398,19 @@ def _compile_and_verify(state: _Candidate, run: _Run, isolation: Isolation) -> N
         + own.get("compile", 0.0)
         + target.shared_seconds(target.used[used_before:] + list(backend.conversions))
     )
+
+
+def _first_call_and_verify(
+    state: _Candidate, run: _Run, isolation: Isolation, in_background: bool = False
+) -> None:
+    """Time the first call, verify on every check (raises _Mismatch on a mismatch).
+    `in_background`: in the background thread, its stages are timed apart (off this
+    thread's timeline) and it shows nothing as the current stage."""
+    backend, checks, result = state.backend, run.checks, state.result
+    name, deadline = backend.name, state.deadline
+    stage = _background_stage if in_background else _stage
     start = time.perf_counter()
-    outputs = _stage(
+    outputs = stage(
         state,
         run,
         "first call",
@@ -373,13 +443,29 @@ def _compile_and_verify(state: _Candidate, run: _Run, isolation: Isolation) -> N
             run.call_estimates[name] = float(np.median(at_sample_batch))
         return comparison
 
-    comparison = _stage(
+    comparison = stage(
         state, run, "verification", f"{name}: verifying on {len(checks)} inputs", verify
     )
     result.max_abs_err, result.max_rel_err = comparison.max_abs_err, comparison.max_rel_err
     if not comparison:
         raise _Mismatch(comparison.reason)
     run.progress.say(f"{name}: verified (relative error {comparison.max_rel_err:.1e})")
+
+
+def _background_stage(
+    state: _Candidate, run: _Run, stage: str, text: str, fn: Callable[[], Any]
+) -> Any:
+    """fn() as `stage` of the candidate in the background thread: timed apart."""
+    state.stage = stage
+    start = time.perf_counter()
+    try:
+        return fn()
+    finally:
+        run.progress.times.add_background(state.backend.name, time.perf_counter() - start, stage)
+
+
+def _timeout(deadline: float | None) -> float | None:
+    return None if deadline is None else max(0.0, deadline - time.perf_counter())
 
 
 def _batch(inputs: list[np.ndarray]) -> int | None:

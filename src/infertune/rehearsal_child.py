@@ -3,9 +3,9 @@
 Protocol: the parent writes one job directory per line on stdin; the child answers on stdout
 with `stage <name>` lines as it goes (load, compile, first call, verification), then
 `took <seconds>` (the job's own time, measured here: the parent may read its lines late),
-then `done`, or `error` after writing error.txt. It says `ready` once its imports are done, and exits at
-the end of its input, or within a second of its parent's death (a hung compile included),
-removing the parent's isolation directory (argv[1]) that the dead parent cannot remove.
+then `done`, or `error` after writing error.txt. It says `ready` once its imports are done,
+and exits at the end of its input, or within a second of its parent's death (a hung compile
+included), removing the parent's isolation directory (argv[1]) that the dead parent cannot remove.
 Whatever native libraries print goes to stderr (the parent's log), never into the protocol.
 """
 

@@ -20,20 +20,29 @@ __all__ = ["CANDIDATE_STAGES", "StageTimes"]
 # alone (shared conversions are stages of their own); "rehearsal": the wait for the child
 # process that compiled and ran it first; "compile": prepare() in this process; "first
 # call": its first call, on the sample; "verification": its calls on the other
-# verification inputs and the comparisons.
-CANDIDATE_STAGES = ("conversion", "rehearsal", "compile", "first call", "verification")
+# verification inputs and the comparisons; "waiting": the wait for its first call and
+# verification done in the background thread.
+CANDIDATE_STAGES = (
+    "conversion",
+    "rehearsal",
+    "compile",
+    "first call",
+    "verification",
+    "waiting",
+)
 
 
 @dataclass
 class StageTimes:
     """Seconds per stage: `shared` (model load, reference, verification inputs, each shared
     conversion, warm-up, measurement, diagnosis, ...) and `candidates` (name -> stage ->
-    seconds). `background`: seconds spent in the rehearsal child process per candidate,
-    overlapped with the stages above, not part of their sum."""
+    seconds). `background`: name -> stage -> seconds of work done off the calling thread's
+    clock (the rehearsal child process, the background thread), overlapped with the stages
+    above and not part of their sum."""
 
     shared: dict[str, float] = field(default_factory=dict)
     candidates: dict[str, dict[str, float]] = field(default_factory=dict)
-    background: dict[str, float] = field(default_factory=dict)
+    background: dict[str, dict[str, float]] = field(default_factory=dict)
     total_s: float = 0.0
 
     def add(self, stage: str, seconds: float, candidate: str | None = None) -> None:
@@ -42,8 +51,9 @@ class StageTimes:
         where = self.shared if candidate is None else self.candidates.setdefault(candidate, {})
         where[stage] = where.get(stage, 0.0) + seconds
 
-    def add_background(self, candidate: str, seconds: float) -> None:
-        self.background[candidate] = self.background.get(candidate, 0.0) + max(0.0, seconds)
+    def add_background(self, candidate: str, seconds: float, stage: str) -> None:
+        where = self.background.setdefault(candidate, {})
+        where[stage] = where.get(stage, 0.0) + max(0.0, seconds)
 
     def candidate_s(self, name: str) -> float:
         return sum(self.candidates.get(name, {}).values())
@@ -87,10 +97,12 @@ class StageTimes:
             f"  candidates (s): {', '.join(parts) or 'none'}",
         ]
         if self.background:
-            lines.append(
-                f"  meanwhile in the rehearsal child process: "
-                f"{sum(self.background.values()):.1f} s (overlapped, not in the sum)"
-            )
+            by_stage: dict[str, float] = {}
+            for stages in self.background.values():
+                for stage, seconds in stages.items():
+                    by_stage[stage] = by_stage.get(stage, 0.0) + seconds
+            listed = ", ".join(f"{stage} {s:.1f}" for stage, s in by_stage.items())
+            lines.append(f"  meanwhile, overlapped, not in the sum (s): {listed}")
         return "\n".join(lines)
 
     def to_dict(self) -> dict:
@@ -98,7 +110,7 @@ class StageTimes:
             "total_s": self.total_s,
             "shared_s": dict(self.shared),
             "candidates_s": {name: dict(stages) for name, stages in self.candidates.items()},
-            "background_s": dict(self.background),
+            "background_s": {name: dict(stages) for name, stages in self.background.items()},
             "other_s": self.other_s,
         }
 
@@ -107,6 +119,6 @@ class StageTimes:
         return cls(
             shared=dict(data.get("shared_s", {})),
             candidates={k: dict(v) for k, v in data.get("candidates_s", {}).items()},
-            background=dict(data.get("background_s", {})),
+            background={k: dict(v) for k, v in data.get("background_s", {}).items()},
             total_s=float(data.get("total_s", 0.0)),
         )
