@@ -19,7 +19,8 @@ Rehearsals are submitted (`submit`) and answered later (`Rehearsal.wait`), so th
 process converts the next candidate while the child compiles the last one: the child runs
 its jobs one after another, in the order submitted; a job's time limit starts when the child
 starts it. After a crash or a kill, the jobs queued behind the one that caused it go to a
-fresh child.
+fresh child. One thread may submit while one other waits for verdicts (a lock keeps the
+queue and the worker consistent; the waiting thread alone reads the child's answers).
 
 The child is `python -m infertune.rehearsal_child`, with this interpreter and this sys.path.
 """
@@ -95,6 +96,7 @@ class Isolation:
         self._tmp: Path | None = None
         self._jobs = 0
         self._queue: deque[Rehearsal] = deque()  # sent to the child, not yet answered
+        self._lock = threading.RLock()  # the queue and the worker, between two threads
         self.notes: list[str] = []  # for the report: where isolation fell back
         self.child_seconds: dict[str, float] = {}  # each rehearsal's time in the child
 
@@ -200,7 +202,8 @@ class Isolation:
             arrays = {f"{i}_{j}": a for i, call in enumerate(inputs) for j, a in enumerate(call)}
             np.savez(job / "inputs.npz", **arrays)
             rehearsal = Rehearsal(self, backend.name, job, allowed_s)
-            self._send(rehearsal)
+            with self._lock:
+                self._send(rehearsal)
         except BaseException:
             shutil.rmtree(job, ignore_errors=True)
             raise
@@ -233,33 +236,39 @@ class Isolation:
         come), or (None) only what has arrived, without waiting. Sets each answered job's
         outcome."""
         try:
-            while self._queue and (until is None or until.outcome is _PENDING):
-                worker = self._worker
-                deadline = self._head_deadline()
+            while True:
+                with self._lock:
+                    if not self._queue or (until is not None and until.outcome is not _PENDING):
+                        return
+                    worker = self._worker
+                    deadline = self._head_deadline()
                 wait_until = min(deadline, give_up_at)
                 item = worker.next_line(wait_until if until is not None else None)
-                if item is _EMPTY:  # nothing more now (not waiting)
-                    if time.perf_counter() >= deadline:
-                        self._kill_head(timed_out=True)
-                    return
-                if item is _TIMED_OUT:
-                    if time.perf_counter() < deadline:  # given up on, not timed out
+                with self._lock:
+                    if worker is not self._worker:  # closed, or replaced meanwhile
+                        continue
+                    if item is _EMPTY:  # nothing more now (not waiting)
+                        if time.perf_counter() >= deadline:
+                            self._kill_head(timed_out=True)
                         return
-                    self._kill_head(timed_out=True)
-                    continue
-                if item is None:
-                    self._kill_head(timed_out=False)
-                    continue
-                self._answer(*item)
+                    if item is _TIMED_OUT:
+                        if time.perf_counter() < deadline:  # given up on, not timed out
+                            return
+                        self._kill_head(timed_out=True)
+                    elif item is None:
+                        self._kill_head(timed_out=False)
+                    else:
+                        self._answer(*item)
         except BaseException:
             # Anything unexpected (KeyboardInterrupt included) leaves jobs in flight: this
             # child's next lines would answer for the wrong candidate.
-            if self._worker is not None:
-                self._worker.kill()
-                self._worker = None
-            for job in self._queue:
-                job._finish(CandidateCrashed("interrupted while it was being rehearsed"), None)
-            self._queue.clear()
+            with self._lock:
+                if self._worker is not None:
+                    self._worker.kill()
+                    self._worker = None
+                for job in self._queue:
+                    job._finish(CandidateCrashed("interrupted while it was being rehearsed"), None)
+                self._queue.clear()
             raise
 
     def _answer(self, at: float, line: str) -> None:
@@ -336,6 +345,10 @@ class Isolation:
 
     def close(self) -> None:
         """Stop the child worker and remove every file written for it."""
+        with self._lock:
+            self._close()
+
+    def _close(self) -> None:
         if self._worker is not None:
             if self._queue:  # jobs nobody waits for any more
                 self._worker.kill()

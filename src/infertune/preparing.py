@@ -90,7 +90,8 @@ class _Candidate:
     stage: str = "conversion"
     deadline: float = math.inf  # of its current phase (candidate_timeout_s, the budget)
     rehearsal: Rehearsal | None = None
-    future: Future | None = None  # its first call and verification, in the background
+    future: Future | None = None  # what the background thread does for it
+    seconds: dict[str, float] = field(default_factory=dict)  # its own, by stage
     estimate: tuple[float, str] | None = None
 
 
@@ -142,43 +143,34 @@ def prepare_all(
         by_backend = {id(s.backend): s for s in others}
         ordered = order_candidates([s.backend for s in others], probe, record)
         others = [by_backend[id(b)] for b in ordered]
+    if not budget.limited and isolation.mode != "off":
+        # Every candidate is tried: those compiled in this process first, so that their first
+        # calls (XLA's compile) run in the background thread while this one converts.
+        others.sort(key=lambda s: isolation.rehearses(s.backend))
     tried = [reference.backend.name]
     pending: list[_Candidate] = []
-    # One background thread runs the first call and verification of the candidates that are
-    # not rehearsed (XLA compiles at its first calls, in native code, without the GIL) while
-    # this thread converts the next ones. Not with isolation "off": all in the caller's thread.
+    # One background thread finishes each candidate after its part in this thread (its
+    # conversion, or its trace): the wait for its rehearsal, its compile, first call and
+    # verification; XLA's and the runtimes' compiles run in native code, without the GIL,
+    # while this thread converts the next candidate. Not with isolation "off": everything
+    # then runs in the caller's thread, one candidate after another.
     background = ThreadPoolExecutor(1, "infertune background") if isolation.mode != "off" else None
     try:
         for state in others:
             if not _admitted(state, options) or not _fits(state, run, pending):
                 continue
             tried.append(state.backend.name)
-            if isolation.rehearses(state.backend):
-                if _convert_and_submit(state, run):
-                    pending.append(state)
-            elif background is not None:
-                if _compile_and_start(state, run, background):
-                    pending.append(state)
-            elif _in_process(state, run, isolation):
-                run.contenders[state.backend.name] = state.backend
-            # Those answered meanwhile are finished here now, while the others go on.
-            for ready in [s for s in pending if _answered(s)]:
-                pending.remove(ready)
-                _finish(ready, run)
+            if background is None:
+                if _in_process(state, run, isolation):
+                    run.contenders[state.backend.name] = state.backend
+            elif _start(state, run, background):
+                pending.append(state)
         for state in pending:
             _finish(state, run)
     finally:
         if background is not None:
-            background.shutdown(wait=False)  # every future was waited for, or abandoned
+            background.shutdown(wait=False)  # every task was waited for, or abandoned
     return run.contenders, run.call_estimates, tried
-
-
-def _answered(state: _Candidate) -> bool:
-    """Whether a pending candidate's rehearsal or background work has finished (or was
-    never started: nothing to wait for)."""
-    if state.future is not None:
-        return state.future.done()
-    return state.rehearsal is None or state.rehearsal.done()
 
 
 # -- admission and the budget -------------------------------------------------------------
@@ -263,6 +255,8 @@ def _stage(
             run.progress.times.add(shared_stage(key), seconds)
         own = end - start - sum(shared.values())
         run.progress.times.add(stage, own, state.backend.name)
+        if track:
+            state.seconds[stage] = state.seconds.get(stage, 0.0) + own
 
 
 def _in_process(state: _Candidate, run: _Run, isolation: Isolation) -> bool:
@@ -271,13 +265,20 @@ def _in_process(state: _Candidate, run: _Run, isolation: Isolation) -> bool:
     return _guarded(state, run, lambda: _compile_and_verify(state, run, isolation))
 
 
-def _convert_and_submit(state: _Candidate, run: _Run) -> bool:
-    """Convert a rehearsed candidate here and submit its rehearsal; False if it failed."""
+def _start(state: _Candidate, run: _Run, background: ThreadPoolExecutor) -> bool:
+    """This thread's part of a candidate: its conversion and the submission of its rehearsal
+    (a rehearsed one), or its compile (a trace, in Python: best here); the rest goes to the
+    background thread. False if it failed already."""
     backend, isolation = state.backend, run.isolation
     name = backend.name
     state.deadline = _deadline(run, isolation)
+    rehearsed = isolation.rehearses(backend)
 
-    def convert_and_submit() -> None:
+    def start() -> None:
+        if not rehearsed:
+            _compile(state, run, isolation, _stage)
+            state.future = background.submit(_first_call_and_verify, state, run, isolation, True)
+            return
         started = time.perf_counter()
         _stage(
             state,
@@ -288,10 +289,9 @@ def _convert_and_submit(state: _Candidate, run: _Run) -> bool:
                 lambda: backend.convert(run.target), state.deadline, "conversion"
             ),
         )
-        limit = isolation.timeout_s
         allowed = None
-        if isolation.deadline() != math.inf and limit is not None:
-            allowed = limit - (time.perf_counter() - started)
+        if isolation.deadline() != math.inf and isolation.timeout_s is not None:
+            allowed = isolation.timeout_s - (time.perf_counter() - started)
         state.stage = "rehearsal"
         try:
             state.rehearsal = isolation.submit(
@@ -299,48 +299,39 @@ def _convert_and_submit(state: _Candidate, run: _Run) -> bool:
             )
         except RehearsalUnavailable as exc:
             isolation.fall_back(str(exc))
+        state.future = background.submit(_after_rehearsal, state, run)
 
-    return _guarded(state, run, convert_and_submit)
+    return _guarded(state, run, start)
+
+
+def _after_rehearsal(state: _Candidate, run: _Run) -> None:
+    """In the background thread: wait for the rehearsal's verdict, then compile, first call
+    and verify here (raises on failure)."""
+    isolation = run.isolation
+    if state.rehearsal is not None:
+        give_up = run.budget.deadline if run.budget.limited else math.inf
+        if not _wait(state.rehearsal, give_up):
+            raise _BudgetOver("during its rehearsal in the child process")
+    if run.budget.limited and run.budget.left_s() <= run.budget.after_s(1):
+        raise _BudgetOver("before its compile here")
+    state.deadline = _deadline(run, isolation)  # compiling here gets the full time again
+    _compile(state, run, isolation, _background_stage)
+    _first_call_and_verify(state, run, isolation, True)
 
 
 def _finish(state: _Candidate, run: _Run) -> None:
-    """Wait for a submitted candidate's rehearsal, then compile and verify it here; or wait
-    for its first call and verification in the background thread."""
-    name, isolation = state.backend.name, run.isolation
-    if state.future is not None:
-        give_up = run.budget.deadline if run.budget.limited else None
+    """Wait for what the background thread does for a candidate (its verdict)."""
+    name = state.backend.name
+    give_up = run.budget.deadline if run.budget.limited else None
 
-        def wait() -> None:
-            try:
-                _stage(state, run, "waiting", f"{name}: first call and verification",
-                       lambda: state.future.result(_timeout(give_up)), track=False)  # fmt: skip
-            except FuturesTimeout:
-                raise _BudgetOver("during its first call and verification") from None
+    def wait() -> None:
+        try:
+            _stage(state, run, "waiting", f"{name}: waiting for its compile and verification",
+                   lambda: state.future.result(_timeout(give_up)), track=False)  # fmt: skip
+        except FuturesTimeout:
+            raise _BudgetOver(f"during its {state.stage}") from None
 
-        if _guarded(state, run, wait):
-            run.contenders[name] = state.backend
-        return
-
-    def finish() -> None:
-        if state.rehearsal is not None:
-            give_up = run.budget.deadline if run.budget.limited else math.inf
-            answered = _stage(
-                state,
-                run,
-                "rehearsal",
-                f"{name}: compiling and running in a child process first",
-                lambda: _wait(state.rehearsal, give_up),
-            )
-            if not answered:
-                raise _BudgetOver("its rehearsal in the child process")
-        if run.budget.limited and run.budget.left_s() <= run.budget.after_s(
-            len(run.contenders) + 1
-        ):
-            raise _BudgetOver("before its compile here")
-        state.deadline = _deadline(run, isolation)  # compiling here gets the full time again
-        _compile_and_verify(state, run, isolation)
-
-    if _guarded(state, run, finish):
+    if state.future is None or _guarded(state, run, wait):
         run.contenders[name] = state.backend
 
 
@@ -360,30 +351,16 @@ def _wait(rehearsal: Rehearsal, give_up_at: float) -> bool:
 
 def _compile_and_verify(state: _Candidate, run: _Run, isolation: Isolation) -> None:
     """Compile here, time the first call, verify on every check (raises on failure)."""
-    _compile(state, run, isolation)
+    _compile(state, run, isolation, _stage)
     _first_call_and_verify(state, run, isolation)
 
 
-def _compile_and_start(state: _Candidate, run: _Run, background: ThreadPoolExecutor) -> bool:
-    """Compile a candidate that is not rehearsed here (tracing is Python: this thread), then
-    start its first call and verification in the background thread; False if it failed."""
-    isolation = run.isolation
-    state.deadline = _deadline(run, isolation)
-
-    def compile_and_start() -> None:
-        _compile(state, run, isolation)
-        state.future = background.submit(
-            _first_call_and_verify, state, run, isolation, in_background=True
-        )
-
-    return _guarded(state, run, compile_and_start)
-
-
-def _compile(state: _Candidate, run: _Run, isolation: Isolation) -> None:
+def _compile(state: _Candidate, run: _Run, isolation: Isolation, stage: Callable) -> None:
+    """prepare() in this process, timed by `stage` (this thread's or the background's)."""
     backend, target, result = state.backend, run.target, state.result
     name, deadline = backend.name, state.deadline
     used_before = len(target.used)
-    _stage(
+    stage(
         state,
         run,
         "compile",
@@ -392,10 +369,9 @@ def _compile(state: _Candidate, run: _Run, isolation: Isolation) -> None:
     )
     # prepare_s: its own stages before the first call, plus every shared conversion it uses
     # (the ONNX export), whoever paid for it, so that each candidate shows its whole cost.
-    own = run.progress.times.candidates.get(name, {})
     result.prepare_s = (
-        own.get("conversion", 0.0)
-        + own.get("compile", 0.0)
+        state.seconds.get("conversion", 0.0)
+        + state.seconds.get("compile", 0.0)
         + target.shared_seconds(target.used[used_before:] + list(backend.conversions))
     )
 
@@ -461,7 +437,9 @@ def _background_stage(
     try:
         return fn()
     finally:
-        run.progress.times.add_background(state.backend.name, time.perf_counter() - start, stage)
+        seconds = time.perf_counter() - start
+        run.progress.times.add_background(state.backend.name, seconds, stage)
+        state.seconds[stage] = state.seconds.get(stage, 0.0) + seconds
 
 
 def _timeout(deadline: float | None) -> float | None:
