@@ -29,7 +29,7 @@ from .measure import LatencyStats, clearly_slower, measure_interleaved, time_onc
 from .models import ModelSource, load_model
 from .optimized import Optimized
 from .planning import Probe, after_candidates_s, learn_from_run
-from .preparing import Budget, Check, prepare_all
+from .preparing import Budget, Check, prepare_all, shared_stage
 from .progress import Progress
 from .report import BatchResult, CandidateResult, Report
 from .resources import release_freed_memory
@@ -173,6 +173,8 @@ def _optimize(
         isolation.close()
     for name, seconds in isolation.child_seconds.items():
         times.add_background(name, seconds, "rehearsal in the child process")
+    for key, seconds in target.offloaded_seconds.items():
+        times.add_background("(shared)", seconds, f"{shared_stage(key)} in a worker process")
     results[0].first_call_ms = 1e3 * first_call_s  # the model's own first call, on the sample
     candidates = [(type(b), b.name) for b in candidates]  # a rejected one is referenced by nobody
     if results[0].status != "ok":
@@ -216,6 +218,7 @@ def _optimize(
         selection_reason=why,
         total_s=times.total_s,
         notes=_notes(target, checks)
+        + target.notes
         + _plan_notes(options, tried, results)
         + _gpu_notes(growth)
         + isolation.notes,

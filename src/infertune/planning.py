@@ -32,6 +32,7 @@ __all__ = [
     "Probe",
     "after_candidates_s",
     "candidate_call_s",
+    "conversion_estimate_s",
     "estimate_s",
     "family",
     "learn_from_run",
@@ -128,8 +129,7 @@ def estimate_s(
     for key in backend.conversions:
         if key in built:
             continue
-        fixed, per_trace = CONVERSION_COSTS.get(key, (1.0, 5.0))
-        seconds = _corrected(f"conversion {key}", fixed + per_trace * probe.trace_s, record)
+        seconds = conversion_estimate_s(key, probe, record)
         parts.append(f"{key} conversion ~{seconds:.1f} s")
         total += seconds
     own = backend.relative_cost * probe.trace_s + _CALL_FACTOR * probe.checks * probe.call_s
@@ -137,6 +137,12 @@ def estimate_s(
     parts.append(f"compile and verification ~{own:.1f} s")
     total += own
     return total, " + ".join(parts)
+
+
+def conversion_estimate_s(key: str, probe: Probe, record: MachineRecord | None) -> float:
+    """Seconds the shared conversion `key` is expected to take here."""
+    fixed, per_trace = CONVERSION_COSTS.get(key, (1.0, 5.0))
+    return _corrected(f"conversion {key}", fixed + per_trace * probe.trace_s, record)
 
 
 def _corrected(kind: str, seconds: float, record: MachineRecord | None) -> float:

@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import time
+from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FuturesTimeout
@@ -40,10 +42,17 @@ from .isolation import (
     RehearsalUnavailable,
 )
 from .machine import MachineRecord
-from .planning import CONVERSION_STAGES, Probe, estimate_s, order_candidates
+from .planning import (
+    CONVERSION_STAGES,
+    Probe,
+    conversion_estimate_s,
+    estimate_s,
+    order_candidates,
+)
 from .progress import Progress
 from .report import CandidateResult
 from .target import Target
+from .tf_worker import OFFLOADABLE, OffloadedConversion
 from .verify import Comparison, compare_outputs
 
 __all__ = ["Budget", "Check", "prepare_all"]
@@ -144,9 +153,18 @@ def prepare_all(
         ordered = order_candidates([s.backend for s in others], probe, record)
         others = [by_backend[id(b)] for b in ordered]
     if not budget.limited and isolation.mode != "off":
-        # Every candidate is tried: those compiled in this process first, so that their first
-        # calls (XLA's compile) run in the background thread while this one converts.
-        others.sort(key=lambda s: isolation.rehearses(s.backend))
+        # Every candidate is tried, so the order only decides what overlaps: those compiled
+        # in this process first (their first calls, XLA's compile, run in the background
+        # while this thread converts), then the conversion that most candidates wait for
+        # (the ONNX export: every ONNX Runtime and OpenVINO candidate is rehearsed and
+        # compiled while the next conversion runs here).
+        needs = Counter(k for s in others for k in s.backend.conversions[:1])
+        others.sort(
+            key=lambda s: (
+                isolation.rehearses(s.backend),
+                -needs[s.backend.conversions[0]] if s.backend.conversions else 0,
+            )
+        )
     tried = [reference.backend.name]
     pending: list[_Candidate] = []
     # One background thread finishes each candidate after its part in this thread (its
@@ -156,6 +174,7 @@ def prepare_all(
     # then runs in the caller's thread, one candidate after another.
     background = ThreadPoolExecutor(1, "infertune background") if isolation.mode != "off" else None
     try:
+        _offload(others, run)
         for state in others:
             if not _admitted(state, options) or not _fits(state, run, pending):
                 continue
@@ -170,7 +189,64 @@ def prepare_all(
     finally:
         if background is not None:
             background.shutdown(wait=False)  # every task was waited for, or abandoned
+        target.close_offloaded()
     return run.contenders, run.call_estimates, tried
+
+
+# A shared conversion expected to take at least this long goes to a worker process: its
+# start (importing TensorFlow, loading the model: about 5 s on two cores) runs beside this
+# process's work, and the conversion beside the ONNX export (tf_worker.py).
+OFFLOAD_MIN_S = 4.0
+
+
+def _free_core() -> str | None:
+    """None where a core is free for a worker process, else why not. A worker adds work (its
+    imports, the model saved and loaded again: 5-10 s of CPU for ResNet50) to save time only
+    by running on a core nothing else uses: on a machine whose load average already fills
+    its cores, it would slow this process down instead."""
+    from .environment import usable_cores
+
+    try:
+        load = os.getloadavg()[0]
+    except OSError:  # not available on this platform: nothing says the cores are busy
+        return None
+    cores = usable_cores()
+    if load <= cores - 1:
+        return None
+    return f"the load average {load:.1f} on {cores} cores leaves no core free for it"
+
+
+def _offload(others: list[_Candidate], run: _Run) -> None:
+    """Start a worker process for each shared conversion that is long enough and that a
+    candidate to be tried needs, for a Keras model (saved for the worker as a .keras file)
+    where child processes are in use."""
+    source = run.target.source
+    if run.isolation.mode != "process" or run.probe is None or not source.is_keras:
+        return
+    for key in OFFLOADABLE:
+        needed = any(
+            key in s.backend.conversions
+            and s.backend.precision in run.options.precisions
+            and s.backend.available() is None
+            for s in others
+        )
+        if not needed or key in run.target.built():
+            continue
+        if conversion_estimate_s(key, run.probe, run.record) < OFFLOAD_MIN_S:
+            continue
+        stage = shared_stage(key)
+        busy = _free_core()
+        if busy is not None:
+            run.target.notes.append(f"the {stage} was made here, not in a worker process: {busy}")
+            continue
+        try:
+            with run.progress.timed(
+                f"{stage}: saving the model for a worker process",
+                text=f"starting the {stage} in a worker process",
+            ):
+                run.target.offload(key, OffloadedConversion(key, run.target))
+        except Exception as exc:  # it is made here, as without a worker
+            run.target.notes.append(f"no worker process for the {stage}: {one_line(exc)}")
 
 
 # -- admission and the budget -------------------------------------------------------------

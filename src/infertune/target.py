@@ -35,6 +35,9 @@ class Target:
     used: list[str] = field(default_factory=list, repr=False)  # keys, in order of use
     _building: set[str] = field(default_factory=set, repr=False)
     _spans: dict[str, tuple[float, float]] = field(default_factory=dict, repr=False)
+    _offloaded: dict[str, Any] = field(default_factory=dict, repr=False)
+    notes: list[str] = field(default_factory=list, repr=False)  # for the report
+    offloaded_seconds: dict[str, float] = field(default_factory=dict, repr=False)
 
     def shared(self, key: str, build: Callable[[], Any]) -> Any:
         """Build a conversion once and share it (or its failure) between backends."""
@@ -48,7 +51,7 @@ class Target:
             self._building.add(key)
             start = time.perf_counter()
             try:
-                self._shared[key] = (True, build())
+                self._shared[key] = (True, self._offloaded_or(key, build))
             except Exception as exc:
                 self._shared[key] = (False, exc)
             finally:
@@ -60,6 +63,37 @@ class Target:
         if not ok:
             raise value
         return value
+
+    def offload(self, key: str, conversion: Any) -> None:
+        """`key` is being built elsewhere (tf_worker.OffloadedConversion): shared(key) takes
+        its result instead of building it here, or builds it here if that failed."""
+        self._offloaded[key] = conversion
+
+    def _offloaded_or(self, key: str, build: Callable[[], Any]) -> Any:
+        conversion = self._offloaded.pop(key, None)
+        if conversion is None:
+            return build()
+        try:
+            value = conversion.result()
+        except Exception as exc:  # said in the report; the conversion is made here instead
+            self.notes.append(
+                f"the {key} conversion in a worker process failed ({exc}); made here instead"
+            )
+            return build()
+        finally:
+            conversion.close()
+        self.offloaded_seconds[key] = conversion.worker_s
+        self.notes.append(
+            f"the {key} conversion was made in a worker process beside this one "
+            f"({conversion.worker_s:.1f} s there)"
+        )
+        return value
+
+    def close_offloaded(self) -> None:
+        """Stop the conversions still being built elsewhere that nothing waited for."""
+        for conversion in self._offloaded.values():
+            conversion.close()
+        self._offloaded.clear()
 
     def preload(self, key: str, value: Any) -> None:
         """Provide a conversion already built (read from a saved artifact) under `key`."""

@@ -16,6 +16,7 @@ match fails prepare() instead of guessing an order.
 from __future__ import annotations
 
 import importlib.util
+import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -28,7 +29,13 @@ from ..environment import usable_cores
 from ..models import tensor_specs
 from .base import Backend, Target
 
-__all__ = ["LiteRT", "litert_variants"]
+__all__ = [
+    "LiteRT",
+    "build_conversion",
+    "litert_variants",
+    "read_conversion",
+    "write_conversion",
+]
 
 _INSTALL = "pip install 'infertune[litert]'"
 
@@ -377,6 +384,22 @@ def _convert(target: Target, fixed: bool = False) -> Converted:
     converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS]
     names = tuple(_tensor_name(tensor.name) for tensor in concrete.outputs)
     return Converted(converter.convert(), names)
+
+
+# The free-batch conversion ("tflite"), built by a worker process (tf_worker.py): the same
+# function, its result written to files and read back.
+def build_conversion(target: Target) -> Converted:
+    return _convert(target)
+
+
+def write_conversion(converted: Converted, directory: Path) -> None:
+    (directory / "model.tflite").write_bytes(converted.content)
+    (directory / "output_names.json").write_text(json.dumps(list(converted.output_names)))
+
+
+def read_conversion(directory: Path) -> Converted:
+    names = tuple(json.loads((directory / "output_names.json").read_text()))
+    return Converted((directory / "model.tflite").read_bytes(), names)
 
 
 def _convert_fixed(target: Target, free: Converted) -> Converted | None:
