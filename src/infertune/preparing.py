@@ -219,9 +219,12 @@ def _free_core() -> str | None:
 def _offload(others: list[_Candidate], run: _Run) -> None:
     """Start a worker process for each shared conversion that is long enough and that a
     candidate to be tried needs, for a Keras model (saved for the worker as a .keras file)
-    where child processes are in use."""
+    where child processes are in use and no time budget is given (the model's save would
+    spend seconds before any candidate is known to fit)."""
     source = run.target.source
     if run.isolation.mode != "process" or run.probe is None or not source.is_keras:
+        return
+    if run.budget.limited:  # saving the model costs seconds a LiteRT candidate may not get
         return
     for key in OFFLOADABLE:
         needed = any(
