@@ -430,9 +430,10 @@ def machine_peak(record: MachineRecord | None) -> float:
     now (about a second) and recorded. A peak does not change while the CPU and the
     libraries (part of the record's key) stay the same; it is measured again every
     PEAK_EVERY runs, and the highest measurement stands (machine.py)."""
-    if record is not None and record.peak_gflops is not None:
+    recorded = record.peak_gflops if record is not None else None
+    if recorded is not None:
         record.use_peak()
-        return record.peak_gflops
+        return recorded
     peak = measure_float32_ceiling()
     if record is not None:
         record.set_peak(peak)
