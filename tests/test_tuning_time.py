@@ -120,8 +120,9 @@ def test_a_small_budget_is_kept_and_what_it_skipped_says_why(monkeypatch):
     stream = io.StringIO()
     monkeypatch.setattr("sys.stderr", stream)
     budget = 4.0
+    model = dense_model()
     start = time.perf_counter()
-    opt = infertune.optimize(dense_model(), sample, time_budget_s=budget, verbose=True)
+    opt = infertune.optimize(model, sample, time_budget_s=budget, verbose=True)
     took = time.perf_counter() - start
     report = opt.report
     first_call_s = report.candidates[0].first_call_ms / 1e3
@@ -136,7 +137,7 @@ def test_a_small_budget_is_kept_and_what_it_skipped_says_why(monkeypatch):
         assert "time_budget_s=4" in c.reason and (" s" in c.reason or "ran out" in c.reason)
         assert f"{c.name}: skipped" in stream.getvalue()  # progress says it too
     assert any("tried most promising first" in note for note in report.notes)
-    np.testing.assert_allclose(opt(sample), dense_model()(sample), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(opt(sample), model(sample), rtol=1e-4, atol=1e-5)
 
 
 def test_the_order_puts_the_likely_winners_first():

@@ -539,7 +539,10 @@ def _measure_batches(
         where = f" at batch {size}" if batch_sizes else ""
         limited = budget is not None and budget.limited
         deadline = budget.deadline if limited else None
-        after = budget.after_measurement_s if limited else 0.0
+        # Measurement stops at the end of a round once its budget is spent: one round of
+        # every contender (an untimed call and a timed one each) is kept for that.
+        round_s = sum(2 * (call_estimates or {}).get(name, 0.01) for name in contenders)
+        after = budget.after_measurement_s + round_s if limited else 0.0
         estimates = call_estimates if size == signature.sample_batch else None
         stats, errors = _measure(
             contenders,

@@ -350,7 +350,9 @@ class Isolation:
 
     def _close(self) -> None:
         if self._worker is not None:
-            if self._queue:  # jobs nobody waits for any more
+            # Jobs nobody waits for any more, or none ever sent (it may still be importing:
+            # nothing to wait for).
+            if self._queue or not self._jobs:
                 self._worker.kill()
             else:
                 self._worker.stop()

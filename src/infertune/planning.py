@@ -190,8 +190,13 @@ def learn_from_run(
         if statuses.get(name) not in ("ok", "selected", "mismatch") or name not in times.candidates:
             continue
         raw = cls.relative_cost * probe.trace_s + _CALL_FACTOR * probe.checks * probe.call_s
+        # Its work wherever it ran (this thread, the background thread, the rehearsal
+        # child), not this thread's wall time alone: how much overlapped depends on what
+        # else the run had to do, and under a budget it may be little.
+        own = {k: v for k, v in times.candidates[name].items() if k != "waiting"}
+        work = sum(own.values()) + sum(times.background.get(name, {}).values())
         if raw > 0:
-            record.learn_cost(f"candidate {family(name)}", raw, times.candidate_s(name))
+            record.learn_cost(f"candidate {family(name)}", raw, work)
     record.learn_win(probe.regime, family(chosen))
     record.save()
 

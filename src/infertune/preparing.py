@@ -89,6 +89,11 @@ class Budget:
     def left_s(self) -> float:
         return self.deadline - time.perf_counter()
 
+    def candidates_end(self, contenders: int) -> float:
+        """When the candidates' stages must be done, so that the measurement and the
+        diagnosis of `contenders` candidates still fit before the deadline."""
+        return self.deadline - self.after_s(contenders)
+
 
 @dataclass
 class _Candidate:
@@ -119,6 +124,7 @@ class _Run:
     contenders: dict[str, Backend] = field(default_factory=dict)
     call_estimates: dict[str, float] = field(default_factory=dict)  # s per call, sample batch
     estimates: dict[str, float] = field(default_factory=dict)  # planned seconds, by name
+    started: int = 0  # candidates started besides the reference
 
 
 def prepare_all(
@@ -179,6 +185,7 @@ def prepare_all(
             if not _admitted(state, options) or not _fits(state, run, pending):
                 continue
             tried.append(state.backend.name)
+            run.started += 1
             if background is None:
                 if _in_process(state, run, isolation):
                     run.contenders[state.backend.name] = state.backend
@@ -270,6 +277,12 @@ def _admitted(state: _Candidate, options: Any) -> bool:
     return True
 
 
+# A candidate starts only when its estimate times this fits: estimates made from one trace
+# are off by 20-30% on a busy machine, and a candidate stopped at the budget's end has cost
+# its time for nothing (its abandoned conversion even runs on beside the measurement).
+ESTIMATE_MARGIN = 1.3
+
+
 def _fits(state: _Candidate, run: _Run, pending: list[_Candidate]) -> bool:
     """Under a time budget: whether the candidate's estimated cost fits in what is left once
     the candidates already started and the work after them have their share."""
@@ -288,7 +301,7 @@ def _fits(state: _Candidate, run: _Run, pending: list[_Candidate]) -> bool:
     owed = sum(run.estimates.get(s.backend.name, 0.0) for s in pending) * 0.3  # here, after
     after = budget.after_s(len(run.contenders) + len(pending) + 1)
     left = budget.left_s() - after - owed
-    if seconds <= left:
+    if seconds * ESTIMATE_MARGIN <= left:
         return True
     return _skip(
         state,
@@ -310,8 +323,13 @@ def _deadline(run: _Run, isolation: Isolation) -> float:
     where sooner (stages in a worker thread can be abandoned; with isolation 'off', none)."""
     deadline = isolation.deadline()
     if run.budget.limited and isolation.mode != "off":
-        deadline = min(deadline, run.budget.deadline)
+        deadline = min(deadline, run.budget.candidates_end(_contenders(run)))
     return deadline
+
+
+def _contenders(run: _Run) -> int:
+    """How many candidates the measurement will have, at most, as far as is known now."""
+    return run.started + 1  # the reference among them
 
 
 # -- the stages ---------------------------------------------------------------------------
@@ -388,7 +406,7 @@ def _after_rehearsal(state: _Candidate, run: _Run) -> None:
     and verify here (raises on failure)."""
     isolation = run.isolation
     if state.rehearsal is not None:
-        give_up = run.budget.deadline if run.budget.limited else math.inf
+        give_up = run.budget.candidates_end(_contenders(run)) if run.budget.limited else math.inf
         if not _wait(state.rehearsal, give_up):
             raise _BudgetOver("during its rehearsal in the child process")
     if run.budget.limited and run.budget.left_s() <= run.budget.after_s(1):
@@ -401,7 +419,7 @@ def _after_rehearsal(state: _Candidate, run: _Run) -> None:
 def _finish(state: _Candidate, run: _Run) -> None:
     """Wait for what the background thread does for a candidate (its verdict)."""
     name = state.backend.name
-    give_up = run.budget.deadline if run.budget.limited else None
+    give_up = run.budget.candidates_end(_contenders(run)) if run.budget.limited else None
 
     def wait() -> None:
         try:
@@ -553,7 +571,9 @@ def _guarded(state: _Candidate, run: _Run, fn: Callable[[], None]) -> bool:
         result.reason = f"time_budget_s={run.budget.time_budget_s:g} ran out {exc}"
         progress.say(f"{name}: skipped, {result.reason}")
     except CandidateTimeout as exc:
-        if run.budget.limited and time.perf_counter() >= run.budget.deadline:
+        if run.budget.limited and time.perf_counter() >= run.budget.candidates_end(
+            _contenders(run)
+        ):
             result.status = "skipped"
             result.reason = (
                 f"time_budget_s={run.budget.time_budget_s:g} ran out during its {state.stage} "
