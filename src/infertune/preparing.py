@@ -306,9 +306,10 @@ def _fits(state: _Candidate, run: _Run, pending: list[_Candidate]) -> bool:
     return _skip(
         state,
         run,
-        f"needs about {seconds:.1f} s ({how}); {max(0.0, left):.1f} s of "
-        f"time_budget_s={budget.time_budget_s:g} were left for it (the measurement and the "
-        f"diagnosis keep {after:.1f} s)",
+        f"needs about {seconds:.1f} s ({how}; {seconds * ESTIMATE_MARGIN:.1f} s with the "
+        f"margin for estimates); {max(0.0, left):.1f} s of time_budget_s="
+        f"{budget.time_budget_s:g} were left for it (the measurement and the diagnosis keep "
+        f"{after:.1f} s)",
     )
 
 
