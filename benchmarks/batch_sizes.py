@@ -30,14 +30,12 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import by_hand
 import numpy as np
+from timing import EXACT_RTOL, ONNXRUNTIME_COOLDOWN_S, measure_runners, relative_error
 
 import infertune
-from infertune.backends.onnxruntime import OnnxRuntimeCpu
 from infertune.environment import collect_environment
-from infertune.measure import measure_interleaved, warm_up
 
 BATCH_SIZES = (1, 8, 64, 256)
-EXACT_RTOL = 1e-3  # infertune's default tolerance: what "exact" means for a raw runtime
 TARGET = 0.95  # dispatched callable >= 0.95x the speed of the fastest exact raw runtime
 DISPATCH_REL, DISPATCH_US = 0.03, 2.0  # the callable vs the chosen runtime called directly
 
@@ -93,13 +91,6 @@ def _raw_runners(model, x: np.ndarray, model_bytes: bytes) -> tuple[dict, dict]:
     return runners, skipped
 
 
-def _relative_error(runner, reference: np.ndarray) -> float:
-    out = runner()
-    out = out[0] if isinstance(out, list | tuple) else out
-    out = np.asarray(out, dtype=np.float64).reshape(reference.shape)
-    return float(np.linalg.norm(out - reference) / np.linalg.norm(reference))
-
-
 def run_model(name: str, budget_s: float) -> dict:
     build, shape, value_range = _models()[name]
     model = build()
@@ -122,24 +113,20 @@ def run_model(name: str, budget_s: float) -> dict:
         x = _draw(shape, value_range, batch, seed=batch)
         reference = np.asarray(model(x), dtype=np.float64)
         runners, skipped = _raw_runners(model, x, model_bytes)
-        errors = {label: _relative_error(fn, reference) for label, fn in runners.items()}
+        errors = {label: relative_error(fn(), reference) for label, fn in runners.items()}
         runners["infertune"] = lambda x=x: dispatched(x)
         runners["tuned at batch 1"] = lambda x=x: single(x)
         chosen = dispatched.backends_by_batch[batch]
         backend = next(b for b in dispatched.backends if b.name == chosen)
         runners["chosen, direct"] = lambda x=x, b=backend: b.run([x])[0]
         say(f"batch {batch}: measuring {len(runners)} runners")
-        estimates = {label: warm_up(fn, min_calls=2) for label, fn in runners.items()}
         cooldown = {
-            "onnxruntime": OnnxRuntimeCpu().cooldown_s,
+            "onnxruntime": ONNXRUNTIME_COOLDOWN_S,
             "infertune": _cooldown(dispatched, chosen),
             "tuned at batch 1": _cooldown(single, single.backend),
             "chosen, direct": backend.cooldown_s,
         }
-        measured = measure_interleaved(
-            runners, budget_s=budget_s, per_call_estimate_s=estimates, cooldown_s=cooldown,
-            min_rounds=8,
-        )  # fmt: skip
+        measured = measure_runners(runners, budget_s=budget_s, cooldown_s=cooldown)
         p50 = {label: s.p50 for label, s in measured.stats.items()}
         exact = {
             label: p50[label]

@@ -25,7 +25,6 @@ import argparse
 import contextlib
 import json
 import os
-import platform
 import subprocess
 import sys
 import time
@@ -35,12 +34,17 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import by_hand
 import numpy as np
+from timing import (
+    EXACT_RTOL,
+    ONNXRUNTIME_COOLDOWN_S,
+    machine_description,
+    measure_runners,
+    relative_error,
+)
 
 import infertune
-from infertune.backends.onnxruntime import OnnxRuntimeCpu
 from infertune.demo import demo_model
 from infertune.environment import collect_environment
-from infertune.measure import measure_interleaved, warm_up
 
 CASES = {  # case -> (demo model, batch)
     "small-cnn-b1": ("small-cnn", 1),
@@ -50,7 +54,6 @@ CASES = {  # case -> (demo model, batch)
     "mobilenet-v2-b8": ("mobilenet-v2", 8),
     "transformer-b1": ("transformer", 1),
 }
-EXACT_RTOL = 1e-3  # infertune's default tolerance: what "exact" means for a by-hand default
 ALWAYS_TIMED = ("model(x)", "model.predict(x)")  # the baselines people start from
 
 
@@ -88,13 +91,6 @@ def direct_runner(opt, model_bytes: bytes, sample, runners: dict):
     return "direct", lambda: backend.run(flat)  # the backend's own runtime call, unwrapped
 
 
-def relative_error(runner, reference: np.ndarray) -> float:
-    out = runner()
-    out = out[0] if isinstance(out, list | tuple) else out
-    out = np.asarray(out, dtype=np.float64).reshape(reference.shape)
-    return float(np.linalg.norm(out - reference) / np.linalg.norm(reference))
-
-
 def run_case(case: str, budget_s: float) -> dict:
     name, batch = CASES[case]
     model, sample = demo_model(name, batch=batch)
@@ -105,25 +101,17 @@ def run_case(case: str, budget_s: float) -> dict:
     print(f"[bench] {case}: by-hand runtimes", file=sys.stderr, flush=True)
     runners, skipped, model_bytes = by_hand_runners(model, sample)
     reference = np.asarray(model(sample), dtype=np.float64)
-    errors = {label: relative_error(fn, reference) for label, fn in runners.items()}
+    errors = {label: relative_error(fn(), reference) for label, fn in runners.items()}
     direct_label, direct = direct_runner(opt, model_bytes, sample, runners)
     runners.setdefault(direct_label, direct)
     runners["infertune"] = lambda: opt(sample)
     print(f"[bench] {case}: measuring {len(runners)} runners", file=sys.stderr, flush=True)
-    estimates = {label: warm_up(fn, min_calls=2) for label, fn in runners.items()}
     # ONNX Runtime's spinning workers keep a core busy after each call (see OrtSettings):
     # wait it out after their blocks, as infertune's own measurement does.
-    ort_cooldown = OnnxRuntimeCpu().cooldown_s
-    cooldown = {"onnxruntime": ort_cooldown, "infertune": opt._backend.cooldown_s}
+    cooldown = {"onnxruntime": ONNXRUNTIME_COOLDOWN_S, "infertune": opt._backend.cooldown_s}
     if direct_label == "direct":
         cooldown["direct"] = opt._backend.cooldown_s
-    measured = measure_interleaved(
-        runners,
-        budget_s=budget_s,
-        per_call_estimate_s=estimates,
-        cooldown_s=cooldown,
-        min_rounds=8,
-    )
+    measured = measure_runners(runners, budget_s=budget_s, cooldown_s=cooldown)
     p50 = {label: s.p50 for label, s in measured.stats.items()}
     exact = {
         label: p50[label]
@@ -259,12 +247,7 @@ def main() -> int:
     with busy(args.busy_cores):
         results = [run_case(case, args.budget) for case in cases]
     env = collect_environment()
-    cpu = env["cpu"]
-    machine = (
-        f"{cpu['model']}, {cpu['usable_cores']} cores ({', '.join(cpu['features'])}), "
-        f"{env['platform']}, Python {platform.python_version()}, "
-        + ", ".join(f"{k} {v}" for k, v in env["packages"].items() if v)
-    )
+    machine = machine_description(env)
     targets = check_targets(results, args.busy_cores)
     busy_note = f" {args.busy_cores} core(s) kept busy by other processes." * (args.busy_cores > 0)
     text = "\n\n".join(

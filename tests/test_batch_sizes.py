@@ -133,29 +133,20 @@ def test_save_load_and_cache_keep_the_choice_per_batch_size(registered, tmp_path
     kinds = {type(b).__name__ for b in loaded.backends}
     assert kinds == {"FastAtSmallBatch", "FastAtLargeBatch"}
 
-    cache = tmp_path / "cache"
-    first = infertune.optimize(
-        model,
-        _sample(),
-        backends=["fast-small", "fast-large"],
-        batch_sizes=[1, 64],
-        cache=cache,
-        verbose=False,
-    )
-    hit = infertune.optimize(
-        model,
-        _sample(),
-        backends=["fast-small", "fast-large"],
-        batch_sizes=[1, 64],
-        cache=cache,
-        verbose=False,
-    )
+    def cached():
+        return infertune.optimize(
+            model, _sample(), backends=["fast-small", "fast-large"], batch_sizes=[1, 64],
+            cache=tmp_path / "cache", verbose=False,
+        )  # fmt: skip
+
+    first, hit = cached(), cached()
     assert hit.report.from_cache
     assert hit.backends_by_batch == first.backends_by_batch == opt.backends_by_batch
     # Other batch sizes are another tuning question: a miss, not this entry.
     other = infertune.optimize(
-        model, _sample(), backends=["fast-small"], batch_sizes=[1, 8], cache=cache, verbose=False
-    )
+        model, _sample(), backends=["fast-small"], batch_sizes=[1, 8], cache=tmp_path / "cache",
+        verbose=False,
+    )  # fmt: skip
     assert not other.report.from_cache
 
 

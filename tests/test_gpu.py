@@ -1,15 +1,24 @@
-"""GPU candidates on a machine without a GPU, and the GPU decisions that need none.
+"""GPU candidates on a machine without a GPU, and every GPU code path that can run without one.
 
 The real part: optimize() on this machine reports every GPU candidate `unavailable` with its
-own reason, quickly. The decisions (availability, TensorRT profiles, engine-cache keys, IO
-binding plans) are pure functions of `GpuFacts`; facts a CPU machine cannot produce (a GPU
-the driver lists, onnxruntime-gpu installed, a TensorRT build of TensorFlow) are injected as
-values: FAKES, because no GPU can exist here. Nothing in this file runs a GPU code path.
+own reason, quickly, the fp16 ones included; the facts are read from this machine's files
+(which distribution installed `onnxruntime`, what a shared library links, where a library
+is); ONNX Runtime's IO binding and the CUDA-graph call path run end to end with the device
+set to "cpu" on the CPU provider; the float16 graph the TensorRT 11 fp16 engine is built
+from runs in ONNX Runtime; the TensorRT, cuda-python and TF-TRT names the backends call are
+checked against the installed bindings where they import. `infertune env --check` runs.
+
+FAKES, because no GPU can exist here: facts a CPU machine cannot produce (a GPU the driver
+lists, onnxruntime-gpu installed, a TensorRT build of TensorFlow) are injected as values into
+the decisions, and the IO-binding backend is told its device is "cpu". Nothing here runs on
+a GPU (docs/gpu.md says what did run where).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import inspect
+import threading
 import time
 
 import numpy as np
@@ -17,9 +26,12 @@ import pytest
 from conftest import dense_model
 
 import infertune
-from infertune.backends import BACKENDS
-from infertune.environment import gpu_devices
+from infertune.backends import BACKENDS, GPU_BACKENDS
+from infertune.backends.onnxruntime_gpu import OnnxRuntimeCuda
+from infertune.backends.tensorrt import build_settings, float16_onnx, host_shape
+from infertune.environment import gpu_devices, package_version
 from infertune.gpu import (
+    NO_GPU,
     GpuFacts,
     Profile,
     TfBuild,
@@ -29,6 +41,16 @@ from infertune.gpu import (
     iobinding_plan,
     profile_shapes,
     reason_unavailable,
+    tensorrt_major,
+)
+from infertune.gpu_libraries import (
+    elf_needed,
+    find_library,
+    installed_by,
+    loaded_libraries,
+    module_directory,
+    preload_cuda,
+    preload_tensorrt,
 )
 from infertune.inputs import InputSignature, InputSpec
 from infertune.structure import flatten
@@ -48,10 +70,14 @@ needs_no_gpu = pytest.mark.skipif(bool(gpu_devices()), reason="this machine has 
 # Facts of a GPU machine where everything is installed (fake: no GPU can exist here).
 ALL_THERE = GpuFacts(
     gpus=("NVIDIA H100 80GB HBM3",),
-    onnxruntime_gpu=True,
+    onnxruntime=("onnxruntime-gpu",),
     ort_providers=("TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"),
-    tensorrt=True,
-    cuda_python=True,
+    ort_tensorrt_links=("libnvinfer.so.10", "libnvonnxparser.so.10"),  # onnxruntime-gpu 1.31
+    ort_tensorrt_missing=(),
+    tensorrt="tensorrt-cu13 10.16.1.11",
+    tensorrt_error=None,
+    cuda_python="13.4.4",
+    cuda_python_error=None,
     tf=TfBuild(version="2.17.0", is_cuda_build=True, is_tensorrt_build=True),
 )
 TF_221 = TfBuild(version="2.21.0", is_cuda_build=True, is_tensorrt_build=False)  # as measured
@@ -71,30 +97,30 @@ def signature(sample: dict, batch_free: bool = True) -> InputSignature:
 
 def test_gpu_candidates_are_registered_after_the_cpu_ones():
     names = list(BACKENDS)
-    assert names[-len(GPU_CANDIDATES) :] == GPU_CANDIDATES
+    assert names[-len(GPU_CANDIDATES) :] == GPU_CANDIDATES == list(GPU_BACKENDS)
     assert names[0] == "tf-function"
 
 
 @needs_no_gpu
 def test_every_gpu_candidate_is_unavailable_in_a_real_report():
     sample = np.random.default_rng(0).standard_normal((4, 6)).astype("float32")
-    opt = infertune.optimize(
-        dense_model(),
-        sample,
-        backends=GPU_CANDIDATES,
-        precision=("fp32", "fp16"),  # else the fp16 ones are `skipped` before availability
-        verbose=False,
-    )
+    # The default precision (fp32 only): the fp16 candidates are `unavailable` all the same,
+    # since allowing fp16 would not let them run here (availability comes first).
+    opt = infertune.optimize(dense_model(), sample, backends=GPU_CANDIDATES, verbose=False)
     assert opt.backend == "keras-eager"
     for name in GPU_CANDIDATES:
         result = opt.report.candidate(name)
         assert result.status == "unavailable", (name, result.reason)
-        assert result.reason.startswith("no NVIDIA GPU here"), result.reason
+        assert result.reason.startswith(NO_GPU), result.reason
     reason = {name: opt.report.candidate(name).reason for name in GPU_CANDIDATES}
-    for name in ("onnxruntime-cuda", "onnxruntime-cuda:graph", "onnxruntime-tensorrt"):
-        assert "infertune[gpu]" in reason[name]  # onnxruntime-gpu is not installed here
-    assert "infertune[tensorrt]" in reason["tensorrt"]
-    assert "cuda-python" in reason["tensorrt-fp16"]
+    facts = gpu_facts()
+    if "onnxruntime-gpu" not in facts.onnxruntime:  # the CPU install CI tests
+        for name in ("onnxruntime-cuda", "onnxruntime-cuda:graph", "onnxruntime-tensorrt"):
+            assert "infertune[gpu]" in reason[name]
+    if facts.tensorrt is None:
+        assert "infertune[tensorrt]" in reason["tensorrt"]
+    if facts.cuda_python is None:
+        assert "cuda-python" in reason["tensorrt-fp16"]
     # optimize() has imported TensorFlow (2.21 here): its build is the reason, not a guess.
     assert "not built with TensorRT" in reason["tf-trt"], reason["tf-trt"]
 
@@ -119,6 +145,10 @@ def test_facts_here_are_read_without_importing_gpu_runtimes():
     facts = gpu_facts()
     assert facts.gpus == tuple(gpu_devices())
     assert "tensorrt" not in sys.modules and "cuda" not in sys.modules
+    if not facts.gpus:
+        assert facts.tensorrt_error is None and facts.cuda_python_error is None  # not tried
+    # The CPU install here: the `onnxruntime` module comes from the onnxruntime distribution.
+    assert facts.onnxruntime == ("onnxruntime",) and facts.ort_tensorrt_links == ()
 
 
 def test_memory_growth_without_a_gpu_does_nothing():
@@ -136,22 +166,62 @@ def test_everything_installed_on_a_gpu_means_available():
 
 
 def test_gpu_without_onnxruntime_gpu_names_the_extra():
-    facts = dataclasses.replace(ALL_THERE, onnxruntime_gpu=False, ort_providers=None)
+    facts = dataclasses.replace(
+        ALL_THERE, onnxruntime=(), ort_providers=None, ort_tensorrt_links=()
+    )
     reason = reason_unavailable("onnxruntime-cuda", facts)
     assert reason == "onnxruntime-gpu is not installed (pip install 'infertune[gpu]')"
+    # Beside the CPU onnxruntime, installing the GPU one is not enough: both write the module.
+    cpu_only = dataclasses.replace(facts, onnxruntime=("onnxruntime",))
+    assert reason_unavailable("onnxruntime-cuda", cpu_only) == (
+        "onnxruntime-gpu is not installed (pip uninstall -y onnxruntime onnxruntime-gpu, "
+        "then pip install 'infertune[gpu]')"
+    )
 
 
 def test_cpu_onnxruntime_shadowing_the_gpu_one_is_explained():
-    facts = dataclasses.replace(ALL_THERE, ort_providers=("CPUExecutionProvider",))
+    facts = dataclasses.replace(
+        ALL_THERE,
+        onnxruntime=("onnxruntime", "onnxruntime-gpu"),  # both wrote the module
+        ort_providers=("CPUExecutionProvider",),  # and the CPU one won
+    )
     reason = reason_unavailable("onnxruntime-cuda", facts)
-    assert "no CUDAExecutionProvider" in reason and "pip uninstall onnxruntime" in reason
+    assert "no CUDAExecutionProvider" in reason and "both installed" in reason
+    # The fix works now that the gpu extra does not bring the CPU onnxruntime back.
+    assert "pip uninstall -y onnxruntime onnxruntime-gpu, then pip install 'infertune[gpu]'" in (
+        reason
+    )
 
 
-def test_tensorrt_needs_the_package_and_cuda_python():
-    facts = dataclasses.replace(ALL_THERE, tensorrt=False, cuda_python=False)
+def test_tensorrt_needs_the_package_that_imports_and_cuda_python():
+    facts = dataclasses.replace(ALL_THERE, tensorrt=None, cuda_python=None)
     reason = reason_unavailable("tensorrt", facts)
-    assert "infertune[tensorrt]" in reason and "cuda-python" in reason
-    assert "infertune[tensorrt]" in reason_unavailable("onnxruntime-tensorrt", facts)
+    assert "tensorrt is not installed (pip install 'infertune[tensorrt]')" in reason
+    assert "cuda-python is not installed" in reason
+    # Installed, its libraries missing: `import tensorrt` fails, so the candidate is
+    # unavailable with that error, not `failed` in the middle of optimize().
+    broken = dataclasses.replace(
+        ALL_THERE, tensorrt_error="ImportError: libnvinfer.so.10: cannot open shared object file"
+    )
+    reason = reason_unavailable("tensorrt", broken)
+    assert reason.startswith("tensorrt-cu13 10.16.1.11 is installed but `import tensorrt` fails")
+    assert "libnvinfer.so.10" in reason
+
+
+def test_onnxruntime_tensorrt_needs_the_tensorrt_major_its_provider_links():
+    # TensorRT 11 installed (what `tensorrt>=10` resolves to), no libnvinfer.so.10 anywhere.
+    facts = dataclasses.replace(
+        ALL_THERE,
+        tensorrt="tensorrt-cu13 11.4.0.106",
+        ort_tensorrt_missing=("libnvinfer.so.10", "libnvonnxparser.so.10"),
+    )
+    reason = reason_unavailable("onnxruntime-tensorrt", facts)
+    assert "links libnvinfer.so.10, libnvonnxparser.so.10 (TensorRT 10)" in reason
+    assert "tensorrt-cu13 11.4.0.106 is installed and cannot serve it" in reason
+    assert "infertune[tensorrt]" in reason
+    assert reason_unavailable("onnxruntime-cuda", facts) is None  # CUDA does not need it
+    no_provider = dataclasses.replace(ALL_THERE, ort_tensorrt_links=(), ort_providers=None)
+    assert "no TensorRT provider library" in reason_unavailable("onnxruntime-tensorrt", no_provider)
 
 
 def test_tf_221_build_gives_the_tf_trt_reason():
@@ -162,14 +232,24 @@ def test_tf_221_build_gives_the_tf_trt_reason():
 
 
 def test_no_gpu_comes_first_and_lists_what_else_is_missing():
-    facts = GpuFacts((), False, ("CPUExecutionProvider",), False, False, TF_221)
+    facts = GpuFacts(
+        gpus=(),
+        onnxruntime=("onnxruntime",),
+        ort_providers=("CPUExecutionProvider",),
+        ort_tensorrt_links=(),
+        ort_tensorrt_missing=(),
+        tensorrt=None,
+        tensorrt_error=None,
+        cuda_python=None,
+        cuda_python_error=None,
+        tf=TF_221,
+    )
     for kind in ("onnxruntime-cuda", "onnxruntime-tensorrt", "tensorrt", "tf-trt"):
         reason = reason_unavailable(kind, facts)
         assert reason.startswith("no NVIDIA GPU here (") and "; also " in reason, reason
     no_gpu_only = dataclasses.replace(ALL_THERE, gpus=())
-    assert reason_unavailable("tensorrt", no_gpu_only) == (
-        "no NVIDIA GPU here (the driver lists none in /proc/driver/nvidia)"
-    )
+    assert reason_unavailable("tensorrt", no_gpu_only) == NO_GPU
+    assert NO_GPU == "no NVIDIA GPU here (the driver lists none in /proc/driver/nvidia)"
     with pytest.raises(ValueError, match="Unknown GPU candidate kind"):
         reason_unavailable("cuda-magic", facts)
 
@@ -238,3 +318,259 @@ def test_no_cuda_graph_for_inputs_that_stay_on_the_host():
     assert not plan.cuda_graph and "neither numeric" in plan.why_no_graph
     with pytest.raises(ValueError, match="input names"):
         iobinding_plan(sig, ["in_0", "in_1"], ["out"], want_cuda_graph=True)
+
+
+# --- the native libraries, read from this machine's files -----------------------------------
+
+
+def test_installed_by_names_the_distribution_that_wrote_the_module():
+    assert installed_by("onnxruntime") == (("onnxruntime", package_version("onnxruntime")),)
+    assert installed_by("no_such_module_here") == ()
+
+
+def test_elf_needed_reads_what_a_library_links(tmp_path):
+    capi = module_directory("onnxruntime") / "capi"
+    pybind = next(capi.glob("onnxruntime_pybind11_state*.so"))
+    needed = elf_needed(pybind)
+    assert "libc.so.6" in needed and "libstdc++.so.6" in needed, needed
+    text = tmp_path / "not-a-library.so"
+    text.write_text("hello")
+    with pytest.raises(ValueError, match="not a 64-bit little-endian ELF"):
+        elf_needed(text)
+
+
+def test_libraries_are_found_and_a_missing_tensorrt_is_named():
+    libc = find_library("libc.so.6")
+    assert libc is not None and libc.endswith("libc.so.6")
+    if find_library("libnvinfer.so.10") is not None:
+        pytest.skip("TensorRT 10 is installed here")
+    with pytest.raises(RuntimeError, match=r"links libnvinfer\.so\.10, found neither"):
+        preload_tensorrt(("libnvinfer.so.10",))
+
+
+def test_preloading_cuda_with_the_cpu_onnxruntime_does_nothing():
+    # The real onnxruntime.preload_dlls(): in the CPU build it returns at once, prints nothing.
+    assert preload_cuda() == ()
+    assert not any("libcudart" in path for path in loaded_libraries())
+    assert any("onnxruntime" in path for path in loaded_libraries())  # it did import
+
+
+# --- ONNX Runtime's GPU call paths, run on the CPU -----------------------------------------
+
+
+class IoBindingOnCpu(OnnxRuntimeCuda):
+    """FAKE device, because no GPU can exist here: OnnxRuntimeCuda exactly, with its device
+    set to "cpu" and the CPU provider, so that its IO-binding call and its CUDA-graph call
+    (fixed OrtValue buffers bound once, update_inplace in, .numpy() out) run for real. Graph
+    capture itself needs a GPU: the graph session is a plain CPU session here."""
+
+    name = "iobinding-on-cpu"
+    provider = "CPUExecutionProvider"
+    device = "cpu"
+    rehearse_in_child = False  # built in this process: the child knows only registered names
+
+    def available(self):
+        return None
+
+    def provider_options(self, target, model_bytes):
+        return [("CPUExecutionProvider", {})]
+
+    def graph_provider_options(self, providers):
+        return providers
+
+
+def test_iobinding_and_cuda_graph_call_paths_pass_verification_on_the_cpu():
+    x = np.random.default_rng(0).standard_normal((4, 6)).astype("float32")
+    opt = infertune.optimize(
+        dense_model(),
+        x,
+        backends=[IoBindingOnCpu(), IoBindingOnCpu(cuda_graph=True)],
+        isolation="off",
+        verbose=False,
+    )
+    for name in ("iobinding-on-cpu", "iobinding-on-cpu:graph"):
+        result = opt.report.candidate(name)
+        assert result.status in ("ok", "selected"), (name, result.reason)
+        assert result.max_rel_err < 1e-6  # float32 on the same CPU kernels: round-off only
+
+
+def test_cuda_graph_call_serves_the_sample_shape_and_the_plain_path_the_others():
+    from conftest import prepared_backend
+
+    model = dense_model()
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((4, 6)).astype("float32")
+    backend, _ = prepared_backend(IoBindingOnCpu(cuda_graph=True), model, x)
+    assert backend._graph is not None and backend._plan.uses_graph([x.shape])
+    expected = np.asarray(model(x))
+    # 1e-5: float32 kernels of ONNX Runtime vs TensorFlow's on the same CPU: round-off only.
+    np.testing.assert_allclose(backend._graph.run([x])[0], expected, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(backend.run([x])[0], expected, rtol=1e-5, atol=1e-6)
+    other = rng.standard_normal((7, 6)).astype("float32")  # not the captured shape
+    assert not backend._plan.uses_graph([other.shape])
+    np.testing.assert_allclose(
+        backend.run([other])[0], np.asarray(model(other)), rtol=1e-5, atol=1e-6
+    )
+    # The graph's buffers are shared: concurrent calls take turns and get their own outputs.
+    inputs = [rng.standard_normal((4, 6)).astype("float32") for _ in range(4)]
+    wanted = [backend.run([a])[0] for a in inputs]
+    got = [None] * 4
+
+    def call(i):
+        for _ in range(50):
+            got[i] = backend.run([inputs[i]])[0]
+
+    threads = [threading.Thread(target=call, args=(i,)) for i in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    for i in range(4):
+        np.testing.assert_array_equal(got[i], wanted[i])
+    backend.close()
+
+
+# --- TensorRT 10 and 11 ---------------------------------------------------------------------
+
+
+def test_build_settings_follow_the_tensorrt_major():
+    assert build_settings(10, "fp32") == build_settings(10, "fp32")
+    ten_fp16, eleven_fp16 = build_settings(10, "fp16"), build_settings(11, "fp16")
+    assert ten_fp16.graph == "fp32" and ten_fp16.set_flags == ("FP16",)
+    assert eleven_fp16.graph == "fp16" and eleven_fp16.set_flags == ()  # no FP16 flag in 11
+    for major in (10, 11, 12):
+        for precision in ("fp32", "fp16"):
+            settings = build_settings(major, precision)
+            assert settings.clear_flags == ("TF32",)  # float32 layers stay float32
+            assert "EXPLICIT_BATCH" not in settings.network_flags  # gone in 11, default in 10
+    assert build_settings(11, "fp32").graph == "fp32"
+    with pytest.raises(ValueError, match="fp32 or fp16"):
+        build_settings(10, "int8")
+    with pytest.raises(ValueError, match="TensorRT 10 or later"):
+        build_settings(8, "fp32")
+    assert tensorrt_major("10.16.1.11") == 10 and tensorrt_major("11.4.0.106") == 11
+
+
+def test_a_data_dependent_output_shape_is_a_clear_failure():
+    assert host_shape("out_0", (8, 4)) == (8, 4)
+    with pytest.raises(RuntimeError, match=r"output out_0 has a data-dependent shape \(-1, 4\)"):
+        host_shape("out_0", (-1, 4))
+
+
+def test_the_float16_graph_for_tensorrt_11_runs_and_is_reduced_precision():
+    import onnx
+    import onnxruntime
+    from conftest import prepared_backend
+
+    from infertune.backends.onnxruntime import OnnxRuntimeCpu
+
+    model = dense_model()
+    x = np.random.default_rng(2).standard_normal((4, 6)).astype("float32")
+    backend, _ = prepared_backend(OnnxRuntimeCpu(), model, x)
+    fp16 = float16_onnx(backend._saved[0])
+    graph = onnx.load_from_string(fp16).graph
+    assert {i.data_type for i in graph.initializer} == {onnx.TensorProto.FLOAT16}
+    float32 = onnx.TensorProto.FLOAT
+    assert [i.type.tensor_type.elem_type for i in graph.input] == [float32]  # io stays fp32
+    assert [o.type.tensor_type.elem_type for o in graph.output] == [float32]
+    session = onnxruntime.InferenceSession(fp16, providers=["CPUExecutionProvider"])
+    y = session.run(None, {"in_0": x})[0]
+    reference = np.asarray(model(x))
+    error = np.linalg.norm(y - reference) / np.linalg.norm(reference)
+    # float16 keeps 11 significant bits (2^-11 = 4.9e-4 per rounding): two layers land near
+    # 1e-3, above float32 round-off (1e-7) and well below 1e-2 (a wrong graph is ~1).
+    assert 1e-6 < error < 1e-2, error
+
+
+# The TensorRT names backends/tensorrt.py calls, checked against the installed bindings.
+TENSORRT_CALLS = {
+    "Logger": ("ERROR",),
+    "Runtime": ("deserialize_cuda_engine",),
+    "Builder": (
+        "create_network",
+        "create_builder_config",
+        "create_optimization_profile",
+        "build_serialized_network",
+    ),
+    "OnnxParser": ("parse", "num_errors", "get_error"),
+    "IBuilderConfig": ("set_flag", "clear_flag", "add_optimization_profile"),
+    "IOptimizationProfile": ("set_shape",),
+    "ICudaEngine": ("create_execution_context", "get_tensor_dtype"),
+    "IExecutionContext": (
+        "set_input_shape",
+        "get_tensor_shape",
+        "set_tensor_address",
+        "execute_async_v3",
+    ),
+}
+
+
+def test_tensorrt_calls_exist_in_the_installed_bindings():
+    trt = pytest.importorskip("tensorrt", reason="TensorRT does not import here")
+    major = tensorrt_major(trt.__version__)
+    for cls, members in TENSORRT_CALLS.items():
+        for member in members:
+            assert hasattr(getattr(trt, cls), member), f"tensorrt {trt.__version__}: {cls}.{member}"
+    assert callable(trt.nptype)
+    for precision in ("fp32", "fp16"):
+        settings = build_settings(major, precision)
+        for flag in settings.set_flags + settings.clear_flags:
+            assert flag in trt.BuilderFlag.__members__, (trt.__version__, flag)
+        for flag in settings.network_flags:
+            assert flag in trt.NetworkDefinitionCreationFlag.__members__, (trt.__version__, flag)
+
+
+def test_cuda_python_calls_exist_and_report_errors_as_values():
+    runtime = pytest.importorskip("cuda.bindings.runtime", reason="cuda-python is not installed")
+    from infertune.backends.tensorrt import _checked
+
+    for name in ("cudaMalloc", "cudaFree", "cudaMemcpyAsync", "cudaStreamCreate"):
+        assert callable(getattr(runtime, name))
+    for name in ("cudaStreamSynchronize", "cudaStreamDestroy"):
+        assert callable(getattr(runtime, name))
+    assert (
+        runtime.cudaMemcpyKind.cudaMemcpyHostToDevice
+        != runtime.cudaMemcpyKind.cudaMemcpyDeviceToHost
+    )
+    if gpu_devices():
+        pytest.skip("a GPU is here: a stream would be created")
+    # cuda-python 13 returns (error, value) instead of raising: without a driver, the error.
+    result = runtime.cudaStreamCreate()
+    assert isinstance(result, tuple) and result[0] != runtime.cudaError_t.cudaSuccess
+    with pytest.raises(RuntimeError, match="CUDA runtime error"):
+        _checked(runtime, result)
+
+
+def test_tf_trt_arguments_match_the_installed_converter(tmp_path):
+    from tensorflow.python.compiler.tensorrt import trt_convert
+
+    from infertune.backends.tf_trt import TfTrt
+
+    x = np.zeros((2, 6), "float32")
+    signature = InputSignature([InputSpec("in_0", (None, 6), x.dtype)], flatten(x)[1], [x.shape])
+    target = type("T", (), {"signature": signature})()
+    arguments = TfTrt().converter_arguments(target, tmp_path, trt_convert)
+    assert "conversion_params" not in arguments  # deprecated
+    inspect.signature(trt_convert.TrtGraphConverterV2.__init__).bind(None, **arguments)
+    assert arguments["precision_mode"] in trt_convert.TrtPrecisionMode.supported_precision_modes()
+
+
+# --- infertune env --check ------------------------------------------------------------------
+
+
+@needs_no_gpu
+def test_env_check_runs_every_candidate_and_says_why_no_gpu_one_can(capsys):
+    from infertune.cli import main
+
+    code = main(["env", "--check", "--quiet"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert f"No GPU candidate can run here: {NO_GPU}" in out
+    assert "| candidate | status | p50 ms | max rel err | error / reason |" in out
+    rows = {line.split("|")[1].strip(): line for line in out.splitlines() if line.startswith("| ")}
+    for name in ("tf-function", "onnxruntime-cpu", "openvino-cpu", "litert"):
+        assert rows[name].split("|")[2].strip() in ("ok", "selected"), rows[name]
+    for name in GPU_CANDIDATES:
+        label = name if "fp16" not in name else f"{name} (fp16)"
+        assert rows[label].split("|")[2].strip() == "unavailable", rows[label]
+    assert "ran end to end (exit status 0)" in out

@@ -121,3 +121,37 @@ def test_command_line_saves_then_exports(tmp_path, capsys):
     assert len(err.strip().splitlines()) == 1 and "already exists" in err
     assert main(["export-triton", str(tmp_path), str(tmp_path / "repo"), "--name", "x"]) == 1
     assert "has no manifest.json" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(importlib.util.find_spec("ai_edge_litert") is None, reason="no LiteRT")
+def test_python_backend_takes_any_candidate_litert_included(tmp_path):
+    x = np.random.default_rng(0).standard_normal((4, 6)).astype("float32")
+    opt = infertune.optimize(dense_model(), x, backends=["litert"], verbose=False)
+    assert opt.backend == "litert", str(opt.report)
+    export = opt.export_triton(tmp_path, "dense", backend="python")
+    config = parse(tmp_path / "dense" / "config.pbtxt")
+    assert config.backend == "python" and config.max_batch_size == 32
+    assert config.HasField("dynamic_batching")
+    assert tensors(config.input) == {"x": ("TYPE_FP32", [6])}  # the model's own names
+    assert tensors(config.output) == {"output": ("TYPE_FP32", [3])}
+    version = tmp_path / "dense" / "1"
+    assert (
+        "from infertune.deploy.triton_python import TritonPythonModel"
+        in (version / "model.py").read_text()
+    )
+    restored = infertune.load(version / "infertune_result", verbose=False)  # a whole result
+    np.testing.assert_array_equal(restored(x), opt(x))
+    assert any('install "infertune[litert]"' in note for note in export.notes)
+    with pytest.raises(infertune.OptionError, match="backend must be None"):
+        opt.export_triton(tmp_path, "dense", backend="onnxruntime")
+
+
+def test_command_line_exports_for_the_python_backend(tmp_path, capsys):
+    dense_model().save(tmp_path / "m.keras")
+    assert main(["optimize", str(tmp_path / "m.keras"), "--backends", "onnxruntime-cpu",
+                 "--quiet", "--save", str(tmp_path / "saved")]) == 0  # fmt: skip
+    code = main(["export-triton", str(tmp_path / "saved"), str(tmp_path / "repo"),
+                 "--name", "dense", "--backend", "python", "--max-batch-size", "8"])  # fmt: skip
+    assert code == 0 and "(python)" in capsys.readouterr().out
+    config = parse(tmp_path / "repo" / "dense" / "config.pbtxt")
+    assert config.backend == "python" and config.max_batch_size == 8

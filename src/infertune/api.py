@@ -176,6 +176,11 @@ def _optimize(
     for key, seconds in target.offloaded_seconds.items():
         times.add_background("(shared)", seconds, f"{shared_stage(key)} in a worker process")
     results[0].first_call_ms = 1e3 * first_call_s  # the model's own first call, on the sample
+    precision_notes = [
+        f"{backend.name}: {backend.precision_note}"
+        for backend, result in zip(candidates, results)
+        if backend.precision_note and result.status not in ("skipped", "unavailable")
+    ]
     candidates = [(type(b), b.name) for b in candidates]  # a rejected one is referenced by nobody
     if results[0].status != "ok":
         raise ModelError(
@@ -218,6 +223,7 @@ def _optimize(
         selection_reason=why,
         total_s=times.total_s,
         notes=_notes(target, checks)
+        + precision_notes
         + target.notes
         + _plan_notes(options, tried, results)
         + _gpu_notes(growth)

@@ -1,4 +1,4 @@
-"""The `infertune` command: optimize, explain, demo, report, env, export-triton."""
+"""The `infertune` command: optimize, explain, demo, report, env, export-triton, serve."""
 
 from __future__ import annotations
 
@@ -79,8 +79,13 @@ def build_parser() -> argparse.ArgumentParser:
     env = verbs.add_parser(
         "env",
         help="which candidates can run here, and why the others cannot",
-        description="List every candidate backend: available here, or the reason it is not.",
+        description="List every candidate backend: available here, or the reason it is not. "
+        "With --check, run every candidate that can run here end to end on a tiny model and "
+        "print a table for a bug report (exit status 1 if one that can run here broke).",
     )
+    env.add_argument("--check", action="store_true",
+                     help="run every candidate that can run here on a tiny model")  # fmt: skip
+    env.add_argument("--quiet", action="store_true", help="no progress on stderr (--check)")
     env.set_defaults(run=_env)
 
     triton = verbs.add_parser(
@@ -90,16 +95,41 @@ def build_parser() -> argparse.ArgumentParser:
         "into a Triton model repository: REPO_DIR/NAME/config.pbtxt and "
         "REPO_DIR/NAME/VERSION/model.*, with the tuned settings carried over where Triton's "
         "backend has them. A candidate no Triton backend runs (LiteRT) is refused with the "
-        "reason.",
+        "reason, unless --backend python: Triton's Python backend, in which infertune runs "
+        "any candidate.",
     )
     triton.add_argument("saved", metavar="SAVED_DIR", help="directory written by --save")
     triton.add_argument("repository", metavar="REPO_DIR", help="Triton model repository")
     triton.add_argument("--name", required=True, help="model name in the repository")
     triton.add_argument("--version", type=_positive_int, default=1, help="model version (1)")
-    triton.add_argument("--max-batch-size", type=int, default=0, metavar="N",
-                        help="0 (default): no Triton batching, the batch is dimension -1; "
-                        "N > 0: Triton batches requests up to N")  # fmt: skip
+    triton.add_argument("--max-batch-size", type=int, default=None, metavar="N",
+                        help="0: no Triton batching, the batch is dimension -1; N > 0: "
+                        "Triton batches requests up to N (default 0; 32 with --backend "
+                        "python)")  # fmt: skip
+    triton.add_argument("--backend", choices=("python",), default=None,
+                        help="python: Triton's Python backend running infertune (any "
+                        "candidate, LiteRT included); default: the candidate's own")  # fmt: skip
     triton.set_defaults(run=_export_triton)
+
+    serve = verbs.add_parser(
+        "serve",
+        help="serve a saved result over HTTP with Ray Serve (Open Inference Protocol v2)",
+        description="Serve a result saved with `optimize ... --save DIR` over HTTP, as Triton "
+        "does (Open Inference Protocol v2: /v2/models/NAME/infer, tritonclient works), with "
+        "Ray Serve on a local Ray; concurrent requests are batched. Ctrl-C stops it. Needs "
+        'pip install "infertune[ray]".',
+    )
+    serve.add_argument("saved", metavar="DIR", help="directory written by --save")
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (127.0.0.1)")
+    serve.add_argument("--port", type=int, default=8000, help="HTTP port (8000)")
+    serve.add_argument("--max-batch-size", type=_positive_int, default=32, metavar="N",
+                       help="most concurrent requests run as one batch (32)")  # fmt: skip
+    serve.add_argument("--replicas", type=_positive_int, default=1, metavar="N",
+                       help="replicas, each with its own copy of the model (1)")  # fmt: skip
+    serve.add_argument("--name", help="model name in the URLs (default: the directory's name)")
+    serve.add_argument("--address", metavar="ADDR",
+                       help="join the Ray cluster at ADDR (default: a local Ray)")  # fmt: skip
+    serve.set_defaults(run=_serve)
     return parser
 
 
@@ -164,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         return args.run(args)
-    except (InfertuneError, OSError) as exc:
+    except (InfertuneError, OSError, _MissingExtra) as exc:
         print(f"infertune: error: {exc}", file=sys.stderr)
         return 1
 
@@ -231,7 +261,24 @@ def _tune_and_print(model, sample, args: argparse.Namespace) -> int:
 def _export_triton(args: argparse.Namespace) -> int:
     from .triton import export_saved
 
-    print(export_saved(args.saved, args.repository, args.name, args.version, args.max_batch_size))
+    print(export_saved(args.saved, args.repository, args.name, args.version,
+                       args.max_batch_size, args.backend))  # fmt: skip
+    return 0
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from .saving import read_manifest
+
+    read_manifest(args.saved)  # a wrong directory fails before Ray starts
+    try:
+        from .deploy.ray_serve import serve_until_interrupted
+    except ImportError as exc:
+        raise _MissingExtra(
+            f'`infertune serve` needs Ray Serve: pip install "infertune[ray]" ({exc})'
+        ) from None
+    serve_until_interrupted(args.saved, host=args.host, port=args.port,
+                            max_batch_size=args.max_batch_size, num_replicas=args.replicas,
+                            name=args.name, address=args.address)  # fmt: skip
     return 0
 
 
@@ -252,6 +299,13 @@ def _report(args: argparse.Namespace) -> int:
 def _env(args: argparse.Namespace) -> int:
     from .backends import BACKENDS
     from .environment import collect_environment
+
+    if args.check:
+        from .envcheck import run_check
+
+        check = run_check(verbose=not args.quiet)
+        print(check.text())
+        return check.exit_code()
 
     env = collect_environment()
     cpu = env["cpu"]
@@ -316,6 +370,10 @@ def _parse_input(text: str) -> tuple[str | None, tuple[int, ...], str]:
 
 class _UsageError(Exception):
     pass
+
+
+class _MissingExtra(Exception):
+    """An optional package a verb needs is not installed; the message names the extra."""
 
 
 def _sample(args: argparse.Namespace, declared):

@@ -1,12 +1,15 @@
 """GPU decisions that need no GPU: availability, TensorRT profiles, engine keys, IO binding.
 
 Every GPU candidate asks `reason_unavailable(kind, facts)` whether it can run here. The facts
-(`GpuFacts`) are gathered without importing a GPU runtime or TensorFlow: the driver's GPUs
-from /proc, installed packages from their metadata and `importlib.util.find_spec`, ONNX Runtime's
-providers and TensorFlow's build only where those modules are already imported. So on a
-machine without a GPU every GPU candidate says why it cannot run at no noticeable cost
-(tests/test_gpu.py times it), and the decisions are plain functions of the facts, tested with
-facts a CPU machine cannot produce.
+(`GpuFacts`) are gathered without importing a GPU runtime or TensorFlow where there is no
+GPU: the driver's GPUs from /proc, which distributions installed the runtimes' modules and
+which TensorRT libraries ONNX Runtime's provider links from the files themselves
+(gpu_libraries.py), ONNX Runtime's providers and TensorFlow's build only where those modules
+are already imported. So on a machine without a GPU every GPU candidate says why it cannot
+run at no noticeable cost (tests/test_gpu.py times it), and the decisions are plain functions
+of the facts, tested with facts a CPU machine cannot produce. Where the driver lists a GPU,
+`tensorrt` and cuda-python are imported once to know they load (a package whose libraries
+are missing is installed but does not import), and so is onnxruntime for its providers.
 
 What a backend builds on a GPU is planned here too, as values: the min/opt/max shapes of a
 TensorRT optimization profile (`profile_shapes`), the key an engine is cached under
@@ -16,7 +19,9 @@ call may replay a CUDA graph (`IoBindingPlan`).
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import importlib
 import importlib.util
 import json
 import os
@@ -28,13 +33,16 @@ from pathlib import Path
 import numpy as np
 
 from .environment import gpu_devices, package_version
+from .gpu_libraries import find_library, installed_by, ort_tensorrt_links
 from .inputs import InputSignature
 
 __all__ = [
+    "CPU_EXTRA",
     "GPU_EXTRA",
     "TENSORRT_EXTRA",
     "GpuFacts",
     "IoBindingPlan",
+    "NO_GPU",
     "PROFILE_MAX_BATCH",
     "Profile",
     "TfBuild",
@@ -46,16 +54,20 @@ __all__ = [
     "iobinding_plan",
     "profile_shapes",
     "reason_unavailable",
+    "tensorrt_major",
     "tf_build",
 ]
 
-GPU_EXTRA = "pip install 'infertune[gpu]'"  # onnxruntime-gpu
-TENSORRT_EXTRA = "pip install 'infertune[tensorrt]'"  # tensorrt
-# TensorRT's own samples copy buffers with cuda-python; the tensorrt extra brings it.
-CUDA_PYTHON = "pip install 'infertune[tensorrt]' (it brings cuda-python)"
+CPU_EXTRA = "pip install 'infertune[cpu]'"  # onnxruntime, openvino, ai-edge-litert
+GPU_EXTRA = "pip install 'infertune[gpu]'"  # onnxruntime-gpu with its CUDA and cuDNN wheels
+TENSORRT_EXTRA = "pip install 'infertune[tensorrt]'"  # the same, TensorRT 10 and cuda-python
+# Both ONNX Runtime packages write the `onnxruntime` module: remove both, install one.
+ORT_FIX = f"pip uninstall -y onnxruntime onnxruntime-gpu, then {GPU_EXTRA}"
 
 CUDA_EP = "CUDAExecutionProvider"
 TENSORRT_EP = "TensorrtExecutionProvider"
+
+NO_GPU = "no NVIDIA GPU here (the driver lists none in /proc/driver/nvidia)"
 
 # The candidate kinds reason_unavailable() knows, and what each needs besides a GPU.
 KINDS = ("onnxruntime-cuda", "onnxruntime-tensorrt", "tensorrt", "tf-trt")
@@ -75,10 +87,18 @@ class GpuFacts:
     """What decides whether a GPU candidate can run here; None where it was not looked up."""
 
     gpus: tuple[str, ...]  # NVIDIA GPUs the driver lists (/proc/driver/nvidia)
-    onnxruntime_gpu: bool  # the onnxruntime-gpu distribution is installed
+    # The distributions that installed the `onnxruntime` module: ("onnxruntime-gpu",) as it
+    # should be; ("onnxruntime", "onnxruntime-gpu") where both wrote it (one of them won).
+    onnxruntime: tuple[str, ...]
     ort_providers: tuple[str, ...] | None  # onnxruntime.get_available_providers(), if imported
-    tensorrt: bool  # `import tensorrt` would find the package
-    cuda_python: bool  # cuda-python's CUDA runtime bindings would import
+    # The TensorRT libraries ONNX Runtime's TensorRT provider links ("libnvinfer.so.10", ...),
+    # () where the installed ONNX Runtime has no TensorRT provider; and those found nowhere.
+    ort_tensorrt_links: tuple[str, ...]
+    ort_tensorrt_missing: tuple[str, ...]
+    tensorrt: str | None  # the distribution and version that installed `tensorrt`, if any
+    tensorrt_error: str | None  # why `import tensorrt` failed (looked at only with a GPU)
+    cuda_python: str | None  # cuda-python's version where its runtime bindings are installed
+    cuda_python_error: str | None  # why they failed to import (looked at only with a GPU)
     tf: TfBuild | None  # TensorFlow's build, if TensorFlow is imported
 
     @property
@@ -91,6 +111,25 @@ def _importable(module: str) -> bool:
         return importlib.util.find_spec(module) is not None
     except (ImportError, ValueError):  # a parent package that fails, or a broken __spec__
         return False
+
+
+@functools.lru_cache(maxsize=8)
+def import_error(module: str) -> str | None:
+    """None if `module` imports, else its error in one line. Imported once per process: a
+    GPU package whose native libraries are missing is installed but does not import."""
+    try:
+        importlib.import_module(module)
+    except Exception as exc:  # ImportError, OSError from a library, anything its init raises
+        return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}".rstrip()
+    return None
+
+
+def tensorrt_major(version: str) -> int:
+    """10 for "10.16.1.11"; a version that does not start with a number is a ValueError."""
+    head = version.split(".", 1)[0]
+    if not head.isdigit():
+        raise ValueError(f"not a TensorRT version: {version!r}; expected e.g. '10.16.1.11'")
+    return int(head)
 
 
 def tf_build(import_tensorflow: bool = False) -> TfBuild | None:
@@ -109,43 +148,120 @@ def tf_build(import_tensorflow: bool = False) -> TfBuild | None:
     )
 
 
+def _cuda_directories() -> list[Path]:
+    """The directories of the `cuda` namespace package, found without importing it."""
+    try:
+        spec = importlib.util.find_spec("cuda")
+    except (ImportError, ValueError):
+        return []
+    return [Path(p) for p in (spec.submodule_search_locations or [])] if spec else []
+
+
+def cuda_runtime_module() -> str | None:
+    """The module of cuda-python's CUDA runtime bindings: cuda.bindings.runtime from
+    cuda-python 12.6 on (the only one in 13), cuda.cudart before; None if neither is there.
+    Looked up on disk: `cuda` is not imported."""
+    directories = _cuda_directories()
+    if any((d / "bindings").is_dir() for d in directories):
+        return "cuda.bindings.runtime"
+    if any(next(d.glob("cudart*"), None) is not None for d in directories):
+        return "cuda.cudart"
+    return None
+
+
+def _cuda_python() -> str | None:
+    if cuda_runtime_module() is None:
+        return None
+    return package_version("cuda-bindings") or package_version("cuda-python") or "installed"
+
+
 def gpu_facts(import_tensorflow: bool = False) -> GpuFacts:
-    """The facts, read without importing any GPU runtime (and TensorFlow only if asked)."""
+    """The facts. Without a GPU no GPU runtime is imported (and TensorFlow only if asked);
+    with one, tensorrt and cuda-python are imported once each where they are installed."""
+    gpus = tuple(gpu_devices())
     ort = sys.modules.get("onnxruntime")
     providers = tuple(ort.get_available_providers()) if ort is not None else None
+    onnxruntime = tuple(name for name, _ in installed_by("onnxruntime"))
+    links = ort_tensorrt_links() if "onnxruntime-gpu" in onnxruntime else ()
+    tensorrt = next((f"{name} {version}" for name, version in installed_by("tensorrt")), None)
+    cuda_python = _cuda_python()
     return GpuFacts(
-        gpus=tuple(gpu_devices()),
-        onnxruntime_gpu=package_version("onnxruntime-gpu") is not None,
+        gpus=gpus,
+        onnxruntime=onnxruntime,
         ort_providers=providers,
-        tensorrt=_importable("tensorrt"),
-        cuda_python=_importable("cuda.bindings") or _importable("cuda.cudart"),
+        ort_tensorrt_links=links,
+        ort_tensorrt_missing=tuple(name for name in links if find_library(name) is None),
+        tensorrt=tensorrt,
+        tensorrt_error=import_error("tensorrt") if gpus and tensorrt else None,
+        cuda_python=cuda_python,
+        cuda_python_error=(
+            import_error(cuda_runtime_module() or "cuda.bindings.runtime")
+            if gpus and cuda_python
+            else None
+        ),
         tf=tf_build(import_tensorflow),
     )
 
 
+def _ort_missing(kind: str, facts: GpuFacts) -> list[str]:
+    provider = CUDA_EP if kind == "onnxruntime-cuda" else TENSORRT_EP
+    listed = facts.ort_providers is not None and provider in facts.ort_providers
+    both = "onnxruntime" in facts.onnxruntime and "onnxruntime-gpu" in facts.onnxruntime
+    missing = []
+    if not listed and "onnxruntime-gpu" not in facts.onnxruntime:
+        # Installing it beside the CPU onnxruntime would not do: one of them would win.
+        fix = ORT_FIX if "onnxruntime" in facts.onnxruntime else GPU_EXTRA
+        missing.append(f"onnxruntime-gpu is not installed ({fix})")
+    elif not listed and facts.ort_providers is not None:
+        where = (
+            "onnxruntime and onnxruntime-gpu are both installed and write the same module; "
+            "the CPU one won"
+            if both
+            else f"installed by {', '.join(facts.onnxruntime) or 'no distribution pip knows'}"
+        )
+        missing.append(
+            f"ONNX Runtime here has no {provider} (providers: "
+            f"{', '.join(facts.ort_providers)}; {where}): {ORT_FIX}"
+        )
+    if kind == "onnxruntime-tensorrt" and "onnxruntime-gpu" in facts.onnxruntime:
+        if not facts.ort_tensorrt_links and not listed:
+            missing.append("this onnxruntime-gpu has no TensorRT provider library")
+        elif facts.ort_tensorrt_missing:
+            needed = ", ".join(facts.ort_tensorrt_missing)
+            majors = {name.rsplit(".", 1)[-1] for name in facts.ort_tensorrt_missing}
+            other = ""
+            if facts.tensorrt:
+                other = f"; {facts.tensorrt} is installed and cannot serve it"
+            missing.append(
+                f"ONNX Runtime's TensorRT provider links {needed} (TensorRT "
+                f"{'/'.join(sorted(majors))}), found neither in a TensorRT wheel nor on the "
+                f"library search path{other} ({TENSORRT_EXTRA})"
+            )
+    return missing
+
+
 def _missing(kind: str, facts: GpuFacts) -> list[str]:
     """What `kind` needs besides a GPU and does not find here, each with its fix."""
-    missing = []
     if kind in ("onnxruntime-cuda", "onnxruntime-tensorrt"):
-        provider = CUDA_EP if kind == "onnxruntime-cuda" else TENSORRT_EP
-        listed = facts.ort_providers is not None and provider in facts.ort_providers
-        if not listed and not facts.onnxruntime_gpu:
-            missing.append(f"onnxruntime-gpu is not installed ({GPU_EXTRA})")
-        elif not listed and facts.ort_providers is not None:
-            # onnxruntime-gpu is installed, but the module imported is the CPU build: both
-            # install the same `onnxruntime` package, and the last one installed wins
-            missing.append(
-                f"ONNX Runtime here has no {provider} (providers: "
-                f"{', '.join(facts.ort_providers)}): pip uninstall onnxruntime onnxruntime-gpu, "
-                f"then {GPU_EXTRA}"
-            )
-        if kind == "onnxruntime-tensorrt" and not facts.tensorrt:
-            missing.append(f"the TensorRT libraries are not installed ({TENSORRT_EXTRA})")
-    elif kind == "tensorrt":
+        return _ort_missing(kind, facts)
+    missing = []
+    if kind == "tensorrt":
         if not facts.tensorrt:
             missing.append(f"tensorrt is not installed ({TENSORRT_EXTRA})")
+        elif facts.tensorrt_error:
+            missing.append(
+                f"{facts.tensorrt} is installed but `import tensorrt` fails "
+                f"({facts.tensorrt_error}); its libraries come with tensorrt-cuNN-libs "
+                f"({TENSORRT_EXTRA})"
+            )
         if not facts.cuda_python:
-            missing.append(f"cuda-python is not installed ({CUDA_PYTHON})")
+            # TensorRT's own samples copy buffers with cuda-python; the tensorrt extra brings it
+            missing.append(f"cuda-python is not installed ({TENSORRT_EXTRA} brings it)")
+        elif facts.cuda_python_error:
+            missing.append(
+                f"cuda-python {facts.cuda_python} is installed but its CUDA runtime "
+                f"bindings do not import ({facts.cuda_python_error})"
+            )
     elif kind == "tf-trt":
         if facts.tf is None:
             missing.append("TensorFlow's build was not checked (TensorFlow is not imported)")
@@ -169,8 +285,7 @@ def reason_unavailable(kind: str, facts: GpuFacts) -> str | None:
     """
     missing = _missing(kind, facts)
     if not facts.gpus:
-        reason = "no NVIDIA GPU here (the driver lists none in /proc/driver/nvidia)"
-        return reason + (f"; also {'; '.join(missing)}" if missing else "")
+        return NO_GPU + (f"; also {'; '.join(missing)}" if missing else "")
     return "; ".join(missing) or None
 
 

@@ -96,24 +96,31 @@ class Optimized:
         name: str,
         *,
         version: int = 1,
-        max_batch_size: int = 0,
+        max_batch_size: int | None = None,
+        backend: str | None = None,
     ) -> TritonExport:
         """Write this result into a Triton Inference Server model repository:
-        `repository/name/config.pbtxt` and `repository/name/<version>/model.*`, with the tuned
-        settings (threads, precision, performance hint) carried over where Triton's backend
-        has them. `max_batch_size` 0 leaves batching to the client (the batch dimension is
-        -1 in dims); N > 0 lets Triton batch requests up to N. Raises ExportError, saying why,
-        for a candidate no Triton backend runs. See docs/deploy.md."""
+        `repository/name/config.pbtxt` and `repository/name/<version>/model.*`.
+
+        `backend` None: the candidate's own Triton backend (ONNX Runtime, OpenVINO,
+        TensorFlow), with the tuned settings (threads, precision, performance hint) carried
+        over where that backend has them; a candidate no Triton backend runs (LiteRT) raises
+        ExportError saying why. `backend="python"`: Triton's Python backend, in which
+        infertune runs the saved result (`model.py` beside a copy of it): any candidate.
+        `max_batch_size` 0 leaves batching to the client (the batch dimension is -1 in dims);
+        N > 0 lets Triton batch requests up to N (dynamic batching); None: 0, or 32 for the
+        Python backend where the model's batch is free. See docs/deploy.md."""
         import tempfile
 
         from .triton import check_exportable, export_saved
 
-        check_exportable(type(self._backend).name, self.backend)
+        check_exportable(type(self._backend).name, self.backend, backend)
         if self._saved_from is not None:
-            return export_saved(self._saved_from[0], repository, name, version, max_batch_size)
+            saved = self._saved_from[0]
+            return export_saved(saved, repository, name, version, max_batch_size, backend)
         with tempfile.TemporaryDirectory(prefix="infertune-triton-") as tmp:
             saved = self.save(Path(tmp) / "saved")
-            return export_saved(saved, repository, name, version, max_batch_size)
+            return export_saved(saved, repository, name, version, max_batch_size, backend)
 
     def close(self) -> None:
         """Release the runtime's resources; the object cannot be called afterwards."""

@@ -261,18 +261,22 @@ def _offload(others: list[_Candidate], run: _Run) -> None:
 
 # -- admission and the budget -------------------------------------------------------------
 def _admitted(state: _Candidate, options: Any) -> bool:
-    """Whether a candidate can go on to prepare; if not, its result says why."""
+    """Whether a candidate can go on to prepare; if not, its result says why.
+
+    Availability comes before precision: a candidate that cannot run here is `unavailable`
+    with its reason whatever the precision allowed, so that a `skipped` fp16 candidate means
+    that allowing fp16 would let it run."""
     backend, result = state.backend, state.result
+    reason = backend.available()
+    if reason is not None:
+        result.status, result.reason = "unavailable", reason
+        return False
     if backend.precision not in options.precisions:
         result.status = "skipped"
         result.reason = (
             f"{backend.precision} candidate; allow it with precision=(..., "
             f"{backend.precision!r}) where a reduced-precision error is acceptable"
         )
-        return False
-    reason = backend.available()
-    if reason is not None:
-        result.status, result.reason = "unavailable", reason
         return False
     return True
 

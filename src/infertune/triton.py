@@ -3,15 +3,18 @@
     REPOSITORY/NAME/config.pbtxt
     REPOSITORY/NAME/VERSION/model.onnx           (backend "onnxruntime" or "openvino")
     REPOSITORY/NAME/VERSION/model.savedmodel/    (platform "tensorflow_savedmodel")
+    REPOSITORY/NAME/VERSION/model.py             (backend "python": any candidate, LiteRT
+    REPOSITORY/NAME/VERSION/infertune_result/     included, run by infertune inside Triton)
 
 The candidate decides the Triton backend, and its tuned settings go into config.pbtxt where
 that backend has a parameter for them (ONNX Runtime threads, execution mode and graph
 optimization level; OpenVINO's performance hint and bf16; XLA for TensorFlow graphs). What
 has no Triton equivalent is said in `TritonExport.notes`, and a candidate no Triton backend
-runs (LiteRT) is refused with the reason. Input and output names, data types and dims are
-read from the artifact itself (the ONNX graph, the SavedModel's serving signature), so they
-are the names Triton will find. A future TensorRT candidate maps to platform "tensorrt_plan"
-with model.plan: one more entry in `_PLANS`.
+runs (LiteRT) is refused with the reason, unless it is exported for Triton's Python backend
+(`backend="python"`), where infertune itself runs the saved result. Input and output names,
+data types and dims are read from the artifact itself (the ONNX graph, the SavedModel's
+serving signature), so they are the names Triton will find. A future TensorRT candidate maps
+to platform "tensorrt_plan" with model.plan: one more entry in `_PLANS`.
 """
 
 from __future__ import annotations
@@ -28,9 +31,13 @@ from pathlib import Path
 import numpy as np
 
 from .errors import ExportError, OptionError
-from .saving import read_manifest, verify_files
+from .saving import MANIFEST, read_manifest, verify_files
 
-__all__ = ["TritonExport", "TritonTensor", "check_exportable", "export_saved"]
+__all__ = ["PYTHON_RESULT_DIR", "TritonExport", "TritonTensor", "check_exportable", "export_saved"]
+
+BACKENDS = (None, "python")  # None: the candidate's own Triton backend
+PYTHON_RESULT_DIR = "infertune_result"  # the saved result, beside model.py
+PYTHON_BATCH_SIZE = 32  # the Python backend's max_batch_size unless one is given
 
 _TYPES = {
     "bool": "TYPE_BOOL",
@@ -55,7 +62,8 @@ _WHY_NOT = {
         "Triton Inference Server has no official LiteRT/TFLite backend (its backends are "
         "ONNX Runtime, OpenVINO, TensorFlow, TensorRT, PyTorch and Python). Tune again with "
         "backends=[...] naming onnxruntime-cpu, openvino-cpu or tf-function to get a result "
-        "Triton can serve"
+        'Triton can serve, or export it for Triton\'s Python backend (backend="python"), '
+        "which runs it with infertune"
     ),
 }
 
@@ -114,9 +122,15 @@ class _Plan:
     names: dict[str, str] = field(default_factory=dict)  # Triton tensor name -> the model's name
 
 
-def check_exportable(kind: str, name: str) -> None:
-    """Raise ExportError, with the reason, for a candidate no Triton backend runs."""
-    if kind in _PLANS:
+def check_exportable(kind: str, name: str, backend: str | None = None) -> None:
+    """Raise ExportError, with the reason, for a candidate no Triton backend runs (every
+    candidate runs in the Python backend); OptionError for an unknown `backend`."""
+    if backend not in BACKENDS:
+        raise OptionError(
+            f"backend must be None (the candidate's own Triton backend) or 'python' (Triton's "
+            f"Python backend, running infertune). Received: backend={backend!r}."
+        )
+    if kind in _PLANS or backend == "python":
         return
     reason = _WHY_NOT.get(kind, f"no Triton backend is known for the {kind!r} candidate")
     raise ExportError(f"Cannot export the {name} result to Triton: {reason}.")
@@ -127,7 +141,8 @@ def export_saved(
     repository: str | os.PathLike,
     name: str,
     version: int = 1,
-    max_batch_size: int = 0,
+    max_batch_size: int | None = None,
+    backend: str | None = None,
 ) -> TritonExport:
     """Write the saved result in `saved` as model `name`, version `version`, of the Triton
     model repository `repository` (created if missing). See Optimized.export_triton."""
@@ -135,16 +150,27 @@ def export_saved(
     saved = Path(saved)
     manifest = read_manifest(saved)
     verify_files(saved, manifest)
-    backend = manifest["backend"]
-    check_exportable(backend["kind"], backend["name"])
+    check_exportable(manifest["backend"]["kind"], manifest["backend"]["name"], backend)
     model_dir = Path(repository) / name
     version_dir = model_dir / str(version)
     if version_dir.exists():
         raise ExportError(
             f"'{version_dir}' already exists. Choose another version (version=...), or remove it."
         )
-    plan = _PLANS[backend["kind"]](saved, manifest)
+    plan = (_python_plan if backend == "python" else _PLANS[manifest["backend"]["kind"]])(
+        saved, manifest
+    )
     inputs, outputs = plan.inputs, plan.outputs
+    if max_batch_size is None:
+        max_batch_size = 0
+        if backend == "python":
+            if all(t.dims and t.dims[0] == -1 for t in inputs + outputs):
+                max_batch_size = PYTHON_BATCH_SIZE
+            else:
+                plan.notes.append(
+                    "no dynamic batching: the model fixes its batch size, so Triton cannot "
+                    "gather requests into larger batches"
+                )
     if max_batch_size > 0:
         fixed = [t.name for t in inputs + outputs if not t.dims or t.dims[0] != -1]
         if fixed:
@@ -160,11 +186,18 @@ def export_saved(
     by_batch = manifest.get("by_batch") or {}
     if len(set(by_batch.values())) > 1:
         choices = ", ".join(f"batch {n}: {chosen}" for n, chosen in by_batch.items())
-        plan.notes.append(
-            f"the result chose candidates by batch size ({choices}); this repository holds "
-            f"{backend['name']} (the choice at the sample's batch size) for every batch size, "
-            f"as a Triton model runs one artifact"
-        )
+        if backend == "python":
+            plan.notes.append(
+                f"the result chose candidates by batch size ({choices}); the Python backend "
+                f"runs the whole result, so each batch Triton forms goes to its own choice"
+            )
+        else:
+            plan.notes.append(
+                f"the result chose candidates by batch size ({choices}); this repository holds "
+                f"{manifest['backend']['name']} (the choice at the sample's batch size) for "
+                f"every batch size, as a Triton model runs one artifact; backend='python' "
+                f"serves the choice per batch size"
+            )
 
     model_dir.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{version}.exporting-", dir=model_dir))
@@ -186,7 +219,7 @@ def export_saved(
     )
 
 
-def _check_arguments(name: str, version: int, max_batch_size: int) -> None:
+def _check_arguments(name: str, version: int, max_batch_size: int | None) -> None:
     if (
         not isinstance(name, str)
         or not re.fullmatch(r"[A-Za-z0-9_.-]+", name)
@@ -202,13 +235,14 @@ def _check_arguments(name: str, version: int, max_batch_size: int) -> None:
         )
     if isinstance(version, bool) or not isinstance(version, int) or version < 1:
         raise OptionError(f"version must be an integer >= 1. Received: version={version!r}.")
-    if (
+    if max_batch_size is not None and (
         isinstance(max_batch_size, bool)
         or not isinstance(max_batch_size, int)
         or max_batch_size < 0
     ):
         raise OptionError(
-            f"max_batch_size must be an integer >= 0. Received: max_batch_size={max_batch_size!r}."
+            f"max_batch_size must be an integer >= 0 or None. Received: "
+            f"max_batch_size={max_batch_size!r}."
         )
 
 
@@ -371,6 +405,54 @@ def _keras_as_savedmodel(saved: Path, manifest: dict) -> Path:
     path = Path(tempfile.mkdtemp(prefix="infertune-keras-")) / "model.savedmodel"
     save_flat_savedmodel(fn, source.owner, path)
     return path
+
+
+def _python_plan(saved: Path, manifest: dict) -> _Plan:
+    """Any candidate, run by infertune in Triton's Python backend: model.py imports
+    `infertune.deploy.triton_python`, which loads the copy of the saved result beside it."""
+    from .deploy.served import ServedModel
+
+    model = ServedModel(saved)  # the names, dtypes and output shapes, from running it once
+    try:
+        inputs, outputs = (
+            [TritonTensor(s.name, s.dtype.name, tuple(-1 if d is None else d for d in s.shape))
+             for s in specs]
+            for specs in (model.inputs, model.outputs)
+        )  # fmt: skip
+    finally:
+        model.close()
+
+    def write(version_dir: Path) -> None:
+        target = version_dir / PYTHON_RESULT_DIR
+        for rel in [*manifest["files"], MANIFEST]:
+            (target / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(saved / rel, target / rel)
+        (version_dir / "model.py").write_text(_PYTHON_MODEL, encoding="utf-8")
+
+    plan = _Plan("python", None, inputs, outputs, write)
+    plan.names = {t.name: t.name for t in inputs + outputs}
+    backend = manifest["backend"]
+    plan.carried += [
+        f"the {backend['name']} candidate itself with its tuned settings (the saved result in "
+        f"{PYTHON_RESULT_DIR}/, run by infertune)",
+        "instance_group KIND_CPU",
+    ]
+    extra = f'"infertune[{backend["requires"]}]"' if backend.get("requires") else "infertune"
+    plan.notes.append(
+        f"Triton's Python backend runs model.py in its own Python: install {extra} there "
+        f"(pip install, or a packed environment named by EXECUTION_ENV_PATH in config.pbtxt)"
+    )
+    return plan
+
+
+_PYTHON_MODEL = f'''"""A Triton Python-backend model: infertune's export_triton(backend="python").
+
+It serves the infertune result saved in {PYTHON_RESULT_DIR}/ beside this file, so the Python
+that Triton's Python backend runs needs infertune and that result's runtime installed.
+"""
+
+from infertune.deploy.triton_python import TritonPythonModel  # noqa: F401
+'''
 
 
 _PLANS: dict[str, Callable[[Path, dict], _Plan]] = {

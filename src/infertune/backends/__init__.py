@@ -15,7 +15,16 @@ from .tf_function import TfFunction
 from .tf_trt import TfTrt
 from .tf_xla import TfXla
 
-__all__ = ["BACKENDS", "Backend", "KerasEager", "Target", "backend_class"]
+__all__ = ["BACKENDS", "GPU_BACKENDS", "Backend", "KerasEager", "Target", "backend_class"]
+
+# The GPU candidates: without a GPU each is `unavailable` with its reason (gpu.py).
+_GPU: dict[str, Callable[[], Backend]] = {
+    **onnxruntime_gpu_variants(),
+    TensorRtEngine.name: TensorRtEngine,
+    TensorRtEngineFp16.name: TensorRtEngineFp16,
+    TfTrt.name: TfTrt,
+}
+GPU_BACKENDS: tuple[str, ...] = tuple(_GPU)
 
 # Every candidate optimize() knows, by name, in the order it tries them: a factory each.
 # The reference (keras-eager, or "original" for non-Keras models) is always tried first.
@@ -26,11 +35,7 @@ BACKENDS: dict[str, Callable[[], Backend]] = {
     OpenVinoCpu.name: OpenVinoCpu,
     OpenVinoCpuBf16.name: OpenVinoCpuBf16,
     **litert_variants(),
-    # GPU candidates, after every CPU one: without a GPU each is `unavailable` (gpu.py).
-    **onnxruntime_gpu_variants(),
-    TensorRtEngine.name: TensorRtEngine,
-    TensorRtEngineFp16.name: TensorRtEngineFp16,
-    TfTrt.name: TfTrt,
+    **_GPU,  # after every CPU one
 }
 
 

@@ -48,6 +48,7 @@ class Backend(ABC):
 
     name: ClassVar[str]
     precision: ClassVar[str] = "fp32"
+    precision_note: ClassVar[str] = ""  # how a reduced-precision candidate reduces it, in words
     requires: ClassVar[str | None] = None
     # Distribution names whose versions decide how a saved artifact loads and how fast it
     # runs: infertune.load() says when they differ from the versions it was saved with.

@@ -14,11 +14,20 @@ host explicitly, and that copy is the synchronization point every timed call end
   (gpu.profile_shapes), engines and timing caches on disk, fp16 as a reduced-precision
   candidate that must pass verification like any other.
 
+Before the first session, the CUDA and cuDNN libraries of onnxruntime-gpu's [cuda,cudnn] wheels
+are loaded (`onnxruntime.preload_dlls()`, gpu_libraries.preload_cuda), and for the TensorRT
+provider the TensorRT libraries it links (libnvinfer.so.10 for onnxruntime-gpu 1.31) from
+TensorRT's wheel (gpu_libraries.preload_tensorrt): neither is on the system's library path.
 A provider that cannot be created makes ONNX Runtime fall back to the CPU with only a printed
-notice; a session whose first provider is not the one asked for is a failure here.
+notice; a session whose first provider is not the one asked for is a failure here, and its
+error carries what loading the libraries reported.
 
-NOT RUN ON GPU HARDWARE YET: written from ONNX Runtime's documentation (CUDA EP, TensorRT EP,
-IO binding, CUDA graphs). Without a GPU every one of them is `unavailable` (see docs/gpu.md).
+fp32 means fp32: TF32 (10-bit mantissa products, the CUDA provider's default on Ampere and
+later) is turned off for `onnxruntime-cuda` (`use_tf32=0`).
+
+The run paths are written for a device and tested with `device = "cpu"` on the CPU provider
+(tests/test_gpu.py): IO binding, the CUDA-graph call with its fixed OrtValue buffers. NOT RUN
+ON GPU HARDWARE YET; without a GPU every one of them is `unavailable` (see docs/gpu.md).
 """
 
 from __future__ import annotations
@@ -30,7 +39,6 @@ from pathlib import Path
 
 import numpy as np
 
-from ..environment import package_version
 from ..export.onnx import read_onnx
 from ..gpu import (
     CUDA_EP,
@@ -40,9 +48,17 @@ from ..gpu import (
     engine_cache_dir,
     engine_cache_key,
     gpu_facts,
+    import_error,
     iobinding_plan,
     profile_shapes,
     reason_unavailable,
+)
+from ..gpu_libraries import (
+    find_library,
+    installed_by,
+    ort_tensorrt_links,
+    preload_cuda,
+    preload_tensorrt,
 )
 from .base import Backend, Target
 from .onnxruntime import OnnxRuntimeCpu, OrtSettings
@@ -66,21 +82,39 @@ class OnnxRuntimeCuda(OnnxRuntimeCpu):
     requires = "gpu"
     runtime_packages = ("onnxruntime-gpu",)
     rehearse_in_child = True
+    # Where IO binding puts outputs and the CUDA graph its buffers (ONNX Runtime's device
+    # name). The tests set "cpu", with the CPU provider, to run these call paths here.
+    device = "cuda"
 
     def __init__(self, settings: OrtSettings | None = None, cuda_graph: bool = False):
         super().__init__(settings)
         self.cuda_graph = cuda_graph
         self.name = type(self).name + (":graph" if cuda_graph else "") + self.settings.suffix()
+        self._preload_notes: tuple[str, ...] = ()
 
     def available(self) -> str | None:
-        reason = reason_unavailable(self.kind, gpu_facts())
-        if reason is not None:
-            return reason
-        return super().available()  # imports onnxruntime: only reached with a GPU present
+        facts = gpu_facts()
+        if facts.gpus and facts.ort_providers is None and facts.onnxruntime:
+            # With a GPU, ONNX Runtime's own providers decide: import it (once) to read them.
+            error = import_error("onnxruntime")
+            if error is not None:
+                return f"onnxruntime does not import ({error})"
+            facts = gpu_facts()
+        return reason_unavailable(self.kind, facts)
 
     def provider_options(self, target: Target, model_bytes: bytes) -> list:
         """The `providers=` list of the session (a provider name and its options each)."""
-        return [(CUDA_EP, {"device_id": DEVICE_ID})]
+        return [(CUDA_EP, {"device_id": DEVICE_ID, "use_tf32": "0"})]
+
+    def graph_provider_options(self, providers: list) -> list:
+        """The same providers with CUDA-graph capture turned on in the first."""
+        name, options = providers[0]
+        return [(name, {**options, "enable_cuda_graph": "1"}), *providers[1:]]
+
+    def preload_libraries(self) -> tuple[str, ...]:
+        """Load the native libraries the provider links before its first session; returns
+        what loading reported (kept for the error of a session that falls back)."""
+        return preload_cuda()
 
     def prepare(self, target: Target) -> None:
         self.convert(target)
@@ -90,6 +124,7 @@ class OnnxRuntimeCuda(OnnxRuntimeCpu):
         )
         if self.cuda_graph and not self._plan.cuda_graph:
             raise RuntimeError(f"no CUDA graph for this model: {self._plan.why_no_graph}")
+        self._preload_notes = self.preload_libraries()
         providers = self.provider_options(target, model_bytes)
         self._session = self._new_session(model_bytes, providers)
         self._input_names = list(self._plan.input_names)
@@ -97,11 +132,23 @@ class OnnxRuntimeCuda(OnnxRuntimeCpu):
         self._local = threading.local()
         self._graph = None
         if self._plan.cuda_graph:
-            name, options = providers[0]
-            graph_providers = [(name, {**options, "enable_cuda_graph": "1"}), *providers[1:]]
             self._graph = _CudaGraphCall(
-                self._new_session(model_bytes, graph_providers), self._plan, self._session
+                self._new_session(model_bytes, self.graph_provider_options(providers)),
+                self._plan,
+                self._session,
+                self.device,
             )
+
+    def _new_session(self, model_bytes: bytes, providers: list):
+        try:
+            return super()._new_session(model_bytes, providers)
+        except RuntimeError as exc:  # a fallback to the CPU, or a provider that failed
+            hints = list(self._preload_notes)
+            if self.device == "cuda" and find_library("libcuda.so.1") is None:
+                hints.append("the NVIDIA driver's libcuda.so.1 is not on the library path")
+            if not hints:
+                raise
+            raise RuntimeError(f"{exc}; {'; '.join(hints)}") from exc
 
     def run(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
         graph = self._graph
@@ -111,9 +158,9 @@ class OnnxRuntimeCuda(OnnxRuntimeCpu):
         if binding is None:  # one binding per thread: concurrent calls must not share one
             binding = self._local.binding = self._session.io_binding()
         for name, x in zip(self._input_names, inputs):
-            binding.bind_cpu_input(name, np.ascontiguousarray(x))  # copied to the GPU
+            binding.bind_cpu_input(name, np.ascontiguousarray(x))  # copied to the device
         for name in self._output_names:
-            binding.bind_output(name, "cuda", DEVICE_ID)  # allocated on the GPU by ONNX Runtime
+            binding.bind_output(name, self.device, DEVICE_ID)  # allocated there by ONNX Runtime
         self._session.run_with_iobinding(binding)
         return binding.copy_outputs_to_cpu()  # device -> host: the synchronization point
 
@@ -146,16 +193,16 @@ class _CudaGraphCall:
     buffers are shared.
     """
 
-    def __init__(self, session, plan: IoBindingPlan, plain_session):
+    def __init__(self, session, plan: IoBindingPlan, plain_session, device: str = "cuda"):
         import onnxruntime
 
         zeros = [np.zeros(s, d) for s, d in zip(plan.input_shapes, plan.input_dtypes)]
         # The output shapes and dtypes at the sample's shapes, from the plain session.
         shaped = plain_session.run(list(plan.output_names), dict(zip(plan.input_names, zeros)))
         ortvalue = onnxruntime.OrtValue
-        self._inputs = [ortvalue.ortvalue_from_numpy(z, "cuda", DEVICE_ID) for z in zeros]
+        self._inputs = [ortvalue.ortvalue_from_numpy(z, device, DEVICE_ID) for z in zeros]
         self._outputs = [
-            ortvalue.ortvalue_from_shape_and_type(o.shape, o.dtype, "cuda", DEVICE_ID)
+            ortvalue.ortvalue_from_shape_and_type(o.shape, o.dtype, device, DEVICE_ID)
             for o in shaped
         ]
         binding = session.io_binding()
@@ -187,6 +234,7 @@ class OnnxRuntimeTensorrt(OnnxRuntimeCuda):
     name = "onnxruntime-tensorrt"
     kind = "onnxruntime-tensorrt"
     provider = TENSORRT_EP
+    requires = "tensorrt"
     runtime_packages = ("onnxruntime-gpu", "tensorrt")
     rehearse_in_child = True  # the child builds the engine into the cache; this process loads it
     fp16 = False
@@ -194,16 +242,19 @@ class OnnxRuntimeTensorrt(OnnxRuntimeCuda):
     def __init__(self, settings: OrtSettings | None = None):
         super().__init__(settings, cuda_graph=False)
 
+    def preload_libraries(self) -> tuple[str, ...]:
+        """The CUDA libraries, then the TensorRT ones the provider links, from TensorRT's wheel."""
+        notes = preload_cuda()
+        preload_tensorrt(ort_tensorrt_links())  # raises, naming what is missing
+        return notes
+
     def provider_options(self, target: Target, model_bytes: bytes) -> list:
         _, exported = self._saved
         profile = profile_shapes(
             target.signature, default_batch_sizes(target.signature), exported.input_names
         )
         gpu = gpu_facts().gpu_name or "unknown GPU"
-        versions = f"onnxruntime {package_version('onnxruntime-gpu')}, " + (
-            f"tensorrt {package_version('tensorrt')}"
-        )
-        key = engine_cache_key(model_bytes, self.precision, profile, versions, gpu)
+        key = engine_cache_key(model_bytes, self.precision, profile, _runtime_versions(), gpu)
         cache = engine_cache_dir() / "onnxruntime" / key
         cache.mkdir(parents=True, exist_ok=True)
         options = {
@@ -235,6 +286,15 @@ class OnnxRuntimeTensorrtFp16(OnnxRuntimeTensorrt):
     precision = "fp16"
     rehearse_in_child = True
     fp16 = True
+
+
+def _runtime_versions() -> str:
+    """What built an engine, from the distributions installed: ONNX Runtime and the TensorRT
+    libraries its provider loads (an engine is valid only for the TensorRT that built it)."""
+    parts = [f"{name} {version}" for name, version in installed_by("onnxruntime")]
+    parts += [f"{name} {version}" for name, version in installed_by("tensorrt_libs")]
+    parts += list(ort_tensorrt_links())
+    return ", ".join(parts)
 
 
 def onnxruntime_gpu_variants() -> dict[str, Callable[[], Backend]]:

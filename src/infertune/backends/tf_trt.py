@@ -44,6 +44,16 @@ class TfTrt(Backend):
         # (it runs on TensorFlow anyway); without one the reason costs nothing.
         return reason_unavailable("tf-trt", gpu_facts(import_tensorflow=bool(gpu_devices())))
 
+    def converter_arguments(self, target: Target, source: Path, trt) -> dict:
+        """TrtGraphConverterV2's keyword arguments: the precision as its own argument (the
+        `conversion_params=TrtConversionParams(...)` form is deprecated)."""
+        return {
+            "input_saved_model_dir": str(source),
+            "precision_mode": getattr(trt.TrtPrecisionMode, self.precision_mode),
+            "use_dynamic_shape": target.signature.batch_is_dynamic,
+            "dynamic_shape_profile_strategy": "Optimal",
+        }
+
     def prepare(self, target: Target) -> None:
         import tensorflow as tf
         from tensorflow.python.compiler.tensorrt import trt_convert as trt
@@ -54,14 +64,7 @@ class TfTrt(Backend):
         source = Path(self._directory.name) / "model.savedmodel"
         converted = Path(self._directory.name) / "trt.savedmodel"
         save_flat_savedmodel(fn, target.source.owner, source)
-        converter = trt.TrtGraphConverterV2(
-            input_saved_model_dir=str(source),
-            conversion_params=trt.TrtConversionParams(
-                precision_mode=getattr(trt.TrtPrecisionMode, self.precision_mode)
-            ),
-            use_dynamic_shape=target.signature.batch_is_dynamic,
-            dynamic_shape_profile_strategy="Optimal",
-        )
+        converter = trt.TrtGraphConverterV2(**self.converter_arguments(target, source, trt))
         converter.convert()
         zeros = tuple(
             np.zeros(shape, spec.dtype)

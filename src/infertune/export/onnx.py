@@ -1,17 +1,22 @@
 """TensorFlow/Keras -> ONNX, done once per optimize() and shared by every ONNX-based backend.
 
 tf2onnx's `from_keras` fails on Keras 3 models (KeyError 'keras_tensor_N', tf2onnx #2448),
-so the model is traced as a tf.function of flat inputs and converted with `from_function`,
-which works for Keras 3, tf_keras, tf.Module and SavedModel functions alike.
+so the model is traced as a tf.function of flat inputs, frozen and converted with tf2onnx's
+stages (those of its `from_function`, see `_to_onnx`), which works for Keras 3, tf_keras,
+tf.Module and SavedModel functions alike.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+from ..errors import one_line
 from ..models import tensor_specs
 from ..target import Target
 
@@ -62,18 +67,21 @@ def read_onnx(directory: Path, settings: dict) -> OnnxExport:
 
 def _convert(target: Target) -> OnnxExport:
     import tensorflow as tf
-    import tf2onnx
 
-    from . import tf2onnx_ops  # noqa: F401  (registers the conversions tf2onnx lacks)
-
-    logging.getLogger("tf2onnx").setLevel(logging.ERROR)  # its INFO lines drown progress
     start = time.perf_counter()
     specs = tensor_specs(target.signature)
     function = tf.function(target.source.graph_function(target.signature), input_signature=specs)
-    model_proto, _ = tf2onnx.convert.from_function(function, input_signature=specs, opset=OPSET)
+    model_proto = _to_onnx(function.get_concrete_function(), specs)
     input_names = [node.name for node in model_proto.graph.input]
     output_names = [node.name for node in model_proto.graph.output]
     expected_inputs = [spec.name for spec in specs]
+    extra_inputs = [name for name in input_names if name not in expected_inputs]
+    if extra_inputs:  # values TensorFlow did not freeze; their scope names the layer
+        more = f" and {len(extra_inputs) - 3} more" if len(extra_inputs) > 3 else ""
+        raise RuntimeError(
+            f"values held by the model stay ONNX graph inputs instead of constants: "
+            f"{', '.join(extra_inputs[:3])}{more}"
+        )
     if input_names != expected_inputs:
         raise RuntimeError(
             f"ONNX inputs {input_names} do not match the signature {expected_inputs}"
@@ -89,3 +97,187 @@ def _convert(target: Target) -> OnnxExport:
         seconds=time.perf_counter() - start,
         opset=OPSET,
     )
+
+
+def _to_onnx(concrete: Any, specs: list) -> Any:
+    """The traced function as an ONNX ModelProto whose only inputs are the function's arguments.
+
+    tf2onnx's `convert.from_function` is not used: it takes every placeholder of the traced
+    function as a graph input, and a Keras 3 layer that keeps constants as plain tensors
+    (Normalization's mean and variance, given or adapted) is traced with those tensors captured
+    as placeholders. Freezing turns them into constants, yet `from_function` still declares
+    them graph inputs (EfficientNet and ConvNeXt lost every ONNX candidate that way). Here the
+    graph inputs are the arguments alone, and the same stages run as in `from_function`.
+    """
+    import tensorflow as tf
+    from tf2onnx.tfonnx import process_tf_graph
+
+    from . import tf2onnx_ops  # noqa: F401  (registers the conversions tf2onnx lacks)
+
+    logging.getLogger("tf2onnx").setLevel(logging.ERROR)  # its INFO lines drown progress
+    # A function's arguments come first in `inputs`, its captures after them.
+    input_names = [tensor.name for tensor in concrete.inputs[: len(specs)]]
+    output_names = [tensor.name for tensor in concrete.outputs]
+    renames = {name: spec.name for name, spec in zip(input_names, specs, strict=True)}
+    with tf.device("/cpu:0"), _Tf2onnxErrors() as errors:
+        graph_def = _frozen_graph_def(concrete, input_names, output_names)
+
+        def onnx_graph() -> Any:
+            with tf.Graph().as_default() as tf_graph:
+                tf.import_graph_def(graph_def, name="")
+                return process_tf_graph(
+                    tf_graph,
+                    continue_on_error=True,  # as from_function: unconverted ops are found below
+                    opset=OPSET,
+                    input_names=input_names,
+                    output_names=output_names,
+                    tensors_to_rename=renames,
+                )
+
+        graph = _optimized(onnx_graph)
+    model_proto = graph.make_model(f"converted from {concrete.name}")
+    _raise_on_unconverted(model_proto, errors.failed_nodes)
+    return model_proto
+
+
+def _frozen_graph_def(concrete: Any, input_names: list[str], output_names: list[str]) -> Any:
+    """The traced graph with every variable and captured tensor as a constant, optimized by
+    grappler as tf2onnx does.
+
+    tf2onnx's `convert_variables_to_constants_large_model` freezes without building a new
+    ConcreteFunction from the frozen graph: TensorFlow's `convert_variables_to_constants_v2`,
+    which `from_function` calls, does, and only its GraphDef is read (the rebuilding was about
+    a fifth of MobileNetV2's conversion).
+    """
+    import tensorflow as tf
+    from tf2onnx import tf_loader
+
+    graph_def = tf_loader.convert_variables_to_constants_large_model(concrete)
+    # What tf2onnx applies when TensorFlow's freezing fails (variable assignments left on
+    # constants) and after it (ResourceGather in function bodies); both no-ops otherwise.
+    graph_def = tf_loader.fix_freezing_errors(graph_def)
+    graph_def = tf_loader.fix_freezing_errors_part2(graph_def)
+    _allow_inlining(graph_def)
+    with tf.Graph().as_default():  # grappler exports a meta graph: not in eager mode
+        return tf_loader.tf_optimize(input_names, output_names, graph_def)
+
+
+# Marks that keep grappler from inlining a function call: a tf.function compiled by XLA
+# (jit_compile=True) carries both.
+_NO_INLINING_ATTRS = ("_XlaMustCompile", "_noinline")
+
+
+def _allow_inlining(graph_def: Any) -> None:
+    """Clear the marks that keep grappler from inlining nested functions into the graph.
+
+    tf2onnx converts no function call op, and Keras 3 runs grouped convolutions (ConvNeXt's
+    depthwise ones) through a nested tf.function compiled by XLA, which grappler leaves as a
+    call. XLA's mark means nothing to an ONNX runtime; inlined, the call converts.
+    """
+    nodes = list(graph_def.node)
+    for function in graph_def.library.function:
+        nodes.extend(function.node_def)
+        for key in _NO_INLINING_ATTRS:
+            if key in function.attr:
+                del function.attr[key]
+    for node in nodes:
+        for key in _NO_INLINING_ATTRS:
+            if key in node.attr:
+                del node.attr[key]
+
+
+def _optimized(onnx_graph: Callable[[], Any]) -> Any:
+    """tf2onnx's ONNX optimizers run over the converted graph, in place.
+
+    tf2onnx's converter deep-copies the graph before each optimizer pass to skip a pass that
+    raises (`catch_errors`); the copies were about a fifth of MobileNetV2's conversion. They
+    are made here only if a pass raised, on a graph converted afresh, which gives the same
+    result as tf2onnx's.
+    """
+    from tf2onnx import optimizer
+
+    graph = onnx_graph()
+    try:
+        return optimizer.optimize_graph(graph, catch_errors=False)
+    except Exception as exc:  # a pass of tf2onnx failed: redo with the failing passes skipped
+        logging.getLogger("tf2onnx").debug("optimizer pass failed, converting again: %s", exc)
+        return optimizer.optimize_graph(onnx_graph(), catch_errors=True)
+
+
+class _Tf2onnxErrors(logging.Handler):
+    """The nodes tf2onnx failed to convert, from its log: it logs a failing op handler and goes
+    on (as `from_function` does), leaving the node half-converted in the graph.
+
+    While it is attached, tf2onnx's logger has a handler, so Python no longer prints its
+    errors to stderr: what matters of them becomes the reason the export raises with.
+    """
+
+    def __init__(self) -> None:
+        super().__init__(level=logging.ERROR)
+        self.failed_nodes: dict[str, str] = {}  # node name -> the handler's error
+        self._thread = threading.get_ident()  # another optimize() may convert at the same time
+
+    def emit(self, record: logging.LogRecord) -> None:
+        # tf2onnx logs ("Failed to convert node %r (fct=%r)\n%r", name, handler, summary).
+        failed = str(record.msg).startswith("Failed to convert node") and record.args
+        if record.thread != self._thread or not failed:
+            return
+        exc = record.exc_info[1] if record.exc_info else None
+        why = one_line(exc).split(": ", 1)[-1] if exc else "its handler failed"
+        self.failed_nodes[str(record.args[0])] = why
+
+    def __enter__(self) -> _Tf2onnxErrors:
+        logging.getLogger("tf2onnx").addHandler(self)
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        logging.getLogger("tf2onnx").removeHandler(self)
+
+
+# Domains whose ops onnx.defs knows; tf2onnx also emits com.microsoft and ai.onnx.contrib ops
+# on purpose (runtimes that lack them say so when loading the model).
+_STANDARD_DOMAINS = ("", "ai.onnx", "ai.onnx.ml")
+
+
+def _raise_on_unconverted(model_proto: Any, failed_nodes: dict[str, str]) -> None:
+    """Raise, naming the ops and where they are, if tf2onnx left TensorFlow ops in the graph."""
+    import onnx
+
+    unknown: dict[str, list[str]] = {}  # op type -> node names
+    for node in _all_nodes(model_proto.graph):
+        if node.domain in _STANDARD_DOMAINS and not onnx.defs.has(node.op_type, node.domain):
+            unknown.setdefault(node.op_type, []).append(node.name)
+    if unknown:
+        ops = ", ".join(
+            f"{op} ({_nodes_text(names)}{_why(failed_nodes, names[0])})"
+            for op, names in unknown.items()
+        )
+        kind = "op" if len(unknown) == 1 else "ops"
+        raise RuntimeError(f"tf2onnx cannot convert the TensorFlow {kind} {ops}")
+    if failed_nodes:
+        node, error = next(iter(failed_nodes.items()))
+        more = f" and {len(failed_nodes) - 1} more node(s)" if len(failed_nodes) > 1 else ""
+        raise RuntimeError(f"tf2onnx failed to convert node {node}{more}: {error}")
+
+
+def _why(failed_nodes: dict[str, str], node: str) -> str:
+    """`: the error` of tf2onnx's handler where one failed on the node, else nothing."""
+    return f": {failed_nodes[node]}" if node in failed_nodes else ""
+
+
+def _nodes_text(names: list[str]) -> str:
+    """`at scope/op`, or `3 nodes, first at scope/op`: the node's scope names the layer."""
+    if len(names) == 1:
+        return f"at {names[0]}"
+    return f"{len(names)} nodes, first at {names[0]}"
+
+
+def _all_nodes(graph: Any) -> Iterator[Any]:
+    """Every node of an ONNX graph, with those of the subgraphs of If/Loop/Scan nodes."""
+    for node in graph.node:
+        yield node
+        for attribute in node.attribute:
+            if attribute.HasField("g"):
+                yield from _all_nodes(attribute.g)
+            for subgraph in attribute.graphs:
+                yield from _all_nodes(subgraph)

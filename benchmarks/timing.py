@@ -1,0 +1,68 @@
+"""What the benchmarks share besides the by-hand runtimes (by_hand.py): what "exact" means,
+the output error, interleaved timing of zero-argument runners, the machine's description.
+"""
+
+from __future__ import annotations
+
+import platform
+from collections.abc import Callable
+
+import numpy as np
+
+from infertune.backends.onnxruntime import OnnxRuntimeCpu
+from infertune.measure import MeasureResult, measure_interleaved, warm_up
+
+EXACT_RTOL = 1e-3  # infertune's default tolerance: what "exact" means for a by-hand default
+
+
+def relative_error(outputs, reference) -> float:
+    """The largest ||out - ref|| / ||ref|| over the outputs; each side is one array or a list
+    of arrays in the same order. An output of the same size in another shape is compared
+    flat (LiteRT may keep a fixed batch); a different count or size raises ValueError."""
+    outs = list(outputs) if isinstance(outputs, list | tuple) else [outputs]
+    refs = list(reference) if isinstance(reference, list | tuple) else [reference]
+    if len(outs) != len(refs):
+        raise ValueError(f"returned {len(outs)} output(s), the model returns {len(refs)}")
+    worst = 0.0
+    for out, ref in zip(outs, refs):
+        ref = np.asarray(ref, dtype=np.float64)
+        out = np.asarray(out, dtype=np.float64)
+        if out.size != ref.size:
+            raise ValueError(f"returned an output of shape {out.shape}, the model's is {ref.shape}")
+        diff = float(np.linalg.norm(out.reshape(ref.shape) - ref))
+        norm = float(np.linalg.norm(ref))
+        worst = max(worst, diff / norm if norm > 0 else (0.0 if diff == 0 else float("inf")))
+    return worst
+
+
+# ONNX Runtime's spinning workers keep a core busy after each call (see OrtSettings): the
+# by-hand session's blocks are followed by the same wait as infertune's own measurement.
+ONNXRUNTIME_COOLDOWN_S = OnnxRuntimeCpu().cooldown_s
+
+
+def measure_runners(
+    runners: dict[str, Callable[[], object]],
+    *,
+    budget_s: float,
+    cooldown_s: dict[str, float],
+    min_rounds: int = 8,
+) -> MeasureResult:
+    """Warm every runner up, then time them all in interleaved rounds (infertune's engine)."""
+    estimates = {label: warm_up(fn, min_calls=2) for label, fn in runners.items()}
+    return measure_interleaved(
+        runners,
+        budget_s=budget_s,
+        per_call_estimate_s=estimates,
+        cooldown_s=cooldown_s,
+        min_rounds=min_rounds,
+    )
+
+
+def machine_description(env: dict) -> str:
+    """One line: CPU, cores, platform, Python and package versions (collect_environment())."""
+    cpu = env["cpu"]
+    return (
+        f"{cpu['model']}, {cpu['usable_cores']} cores ({', '.join(cpu['features'])}), "
+        f"{env['platform']}, Python {platform.python_version()}, "
+        + ", ".join(f"{k} {v}" for k, v in env["packages"].items() if v)
+    )

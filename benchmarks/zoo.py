@@ -1,0 +1,596 @@
+"""The model zoo: infertune on keras.applications families and on models of variable shape.
+
+Image models (random weights, nothing to download, small resolutions: on 2 shared cores 9 of
+the 17 models took 24 minutes, the whole zoo about an hour) and models whose non-batch
+dimensions vary: a text model (Embedding + Conv1D) and a GRU over a variable length, a
+transformer encoder taking a dict {token ids, padding mask} over a variable length, a CNN
+with free height and width.
+
+For each model, in a child process of its own (a crash or a hang costs that model only, and
+its memory goes back to the OS afterwards):
+
+* `infertune.optimize(model, x)`, timed, and every candidate's fate from its report;
+* the callable's output error against `model(x)` (relative norm) at batch 1 (the sample),
+  batch 4, and for the variable models at two other lengths or image sizes;
+* the runtimes written by hand with default settings (by_hand.py): tf.function,
+  tf.function with XLA, ONNX Runtime on a tf2onnx export, OpenVINO f32, LiteRT; a runtime
+  that fails on the model is recorded with its reason, the run goes on;
+* those that ran, and infertune's callable, timed in one interleaved run (timing.py).
+
+Targets (exit code 1 if one fails): no exact (fp32) candidate rejected as `mismatch`; the
+callable within rtol=1e-3 of `model(x)` at every checked batch size, length and size;
+infertune within 5% of the fastest exact by-hand runtime on every model, and faster than it
+on most (checked from three models up).
+
+    python benchmarks/zoo.py [--models resnet50,gru-varlen | --quick] [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import numpy as np
+from timing import EXACT_RTOL, ONNXRUNTIME_COOLDOWN_S, machine_description, relative_error
+
+RAW_RUNTIMES = ("tf.function", "tf.function+XLA", "onnxruntime", "openvino-f32", "litert")
+CHECK_BATCH = 4  # the other batch size the callable is checked at (the sample's is 1)
+TOO_SLOW = 1.05  # infertune may be at most 5% slower than the fastest exact by-hand runtime
+
+
+# -- inputs ------------------------------------------------------------------------------------
+def images(rng: np.random.Generator, batch: int, size) -> np.ndarray:
+    """Image-like values in 0..255, `size` a side or (height, width). The same for every
+    family: EfficientNet, ConvNeXt and MobileNetV3 preprocess inside the model; the others
+    (ResNet, VGG, NASNet...) get larger activations than after their preprocess_input, the
+    harder case for verification (where element-wise checks rejected exact runtimes)."""
+    height, width = (size, size) if isinstance(size, int) else size
+    return rng.uniform(0, 255, (batch, height, width, 3)).astype(np.float32)
+
+
+VOCAB = 2000
+
+
+def token_ids(rng: np.random.Generator, batch: int, length: int) -> np.ndarray:
+    return rng.integers(0, VOCAB, (batch, length)).astype(np.int32)
+
+
+GRU_FEATURES = 32
+
+
+def features(rng: np.random.Generator, batch: int, length: int) -> np.ndarray:
+    return rng.standard_normal((batch, length, GRU_FEATURES)).astype(np.float32)
+
+
+def padded_tokens(rng: np.random.Generator, batch: int, length: int) -> dict[str, np.ndarray]:
+    """Token ids and padding mask: each sequence holds 1..length tokens, ids 0 past its end."""
+    valid = rng.integers(1, length + 1, batch)
+    valid[0] = max(1, (3 * length) // 4)  # the sample's first row: a quarter is padding
+    mask = (np.arange(length)[None, :] < valid[:, None]).astype(np.int32)
+    ids = rng.integers(1, VOCAB, (batch, length)).astype(np.int32) * mask
+    return {"token_ids": ids, "padding_mask": mask}
+
+
+# -- models ------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ZooModel:
+    """A model of the zoo: how to build it and draw its inputs at a batch size and a size."""
+
+    family: str
+    build: Callable[[], Any]
+    draw: Callable[[np.random.Generator, int, Any], Any]  # (rng, batch, size) -> model input
+    size: Any  # the sample's image side, (height, width) or sequence length
+    other_sizes: tuple = ()  # sizes the callable is also checked at (free dimensions only)
+    varies: str = "size"  # what other_sizes are, in the results: "length" or "size"
+    quick: bool = False  # part of --quick: small models and every model of variable shape
+
+
+def application(name: str, side: int, **kwargs) -> Callable[[], Any]:
+    """keras.applications.<name> with random weights at side x side, logits out (with random
+    weights a softmax is uniform to float precision, and any output would match it)."""
+
+    def build():
+        import keras
+
+        return getattr(keras.applications, name)(
+            weights=None, input_shape=(side, side, 3), classifier_activation=None, **kwargs
+        )
+
+    return build
+
+
+def regnetx_002():
+    """RegNetX-200MF, as Keras 2's keras.applications.regnet built it (Keras 3 dropped the
+    RegNet family): a stem, four stages of X blocks (grouped 3x3 convolutions, group width
+    8) of depths 1, 1, 4, 7 and widths 24, 56, 152, 368, pooling and logits."""
+    import keras
+    from keras import layers
+
+    def conv_bn(x, filters, kernel, strides=1, groups=1, relu=True):
+        x = layers.Conv2D(filters, kernel, strides, "same", groups=groups, use_bias=False)(x)
+        x = layers.BatchNormalization(momentum=0.9, epsilon=1e-5)(x)
+        return layers.ReLU()(x) if relu else x
+
+    inputs = keras.Input((64, 64, 3))
+    x = conv_bn(layers.Rescaling(1 / 255)(inputs), 32, 3, strides=2)
+    for depth, width in zip((1, 1, 4, 7), (24, 56, 152, 368)):
+        for block in range(depth):
+            strides = 2 if block == 0 else 1
+            skip = x if block else conv_bn(x, width, 1, strides, relu=False)
+            y = conv_bn(x, width, 1)
+            y = conv_bn(y, width, 3, strides, groups=width // 8)
+            y = conv_bn(y, width, 1, relu=False)
+            x = layers.ReLU()(y + skip)
+    x = layers.GlobalAveragePooling2D()(x)
+    return keras.Model(inputs, layers.Dense(1000)(x), name="regnetx002")
+
+
+def text_conv1d():
+    """Token ids of any length -> Embedding 64 -> two Conv1D 128 -> max over time -> 5 logits."""
+    import keras
+    from keras import layers
+
+    tokens = keras.Input((None,), dtype="int32", name="token_ids")
+    x = layers.Embedding(VOCAB, 64)(tokens)
+    x = layers.Conv1D(128, 5, padding="same", activation="relu")(x)
+    x = layers.Conv1D(128, 5, padding="same", activation="relu")(x)
+    x = layers.GlobalMaxPooling1D()(x)
+    return keras.Model(tokens, layers.Dense(5)(x), name="text_conv1d")
+
+
+def gru_varlen():
+    """A sequence of 32 features of any length -> GRU 128 -> 10 outputs."""
+    import keras
+    from keras import layers
+
+    sequence = keras.Input((None, GRU_FEATURES))
+    return keras.Model(sequence, layers.Dense(10)(layers.GRU(128)(sequence)), name="gru_varlen")
+
+
+def transformer_varlen(dim: int = 128, heads: int = 4, blocks: int = 2, max_length: int = 512):
+    """A BERT-like encoder: dict inputs {token_ids, padding_mask} of any length, learned
+    positions, `blocks` encoder blocks with the padding mask on attention, masked mean
+    pooling, 3 logits."""
+    import keras
+    from keras import layers, ops
+
+    class PositionEmbedding(layers.Layer):
+        """Learned positions 0..length-1 for a sequence of any length up to max_length."""
+
+        def build(self, input_shape):
+            self.table = self.add_weight(shape=(max_length, dim), initializer="glorot_uniform")
+
+        def call(self, x):
+            return ops.take(self.table, ops.arange(ops.shape(x)[1]), axis=0)[None]
+
+    ids = keras.Input((None,), dtype="int32", name="token_ids")
+    mask = keras.Input((None,), dtype="int32", name="padding_mask")
+    x = layers.Embedding(VOCAB, dim)(ids) + PositionEmbedding()(ids)
+    attention_mask = ops.cast(mask, "bool")[:, None, :]
+    for _ in range(blocks):
+        attended = layers.MultiHeadAttention(heads, dim // heads)(
+            x, x, attention_mask=attention_mask
+        )
+        x = layers.LayerNormalization()(x + attended)
+        hidden = layers.Dense(4 * dim, activation="gelu")(x)
+        x = layers.LayerNormalization()(x + layers.Dense(dim)(hidden))
+    weights = ops.cast(mask, "float32")[:, :, None]
+    pooled = ops.sum(x * weights, axis=1) / ops.maximum(ops.sum(weights, axis=1), 1.0)
+    return keras.Model(
+        {"token_ids": ids, "padding_mask": mask}, layers.Dense(3)(pooled), name="transformer"
+    )
+
+
+def cnn_free_size():
+    """Images of any height and width: three strided Conv-BN-ReLU, a depthwise-separable
+    block, global average pooling, 10 logits."""
+    import keras
+    from keras import layers
+
+    inputs = keras.Input((None, None, 3))
+    x = layers.Rescaling(1 / 255)(inputs)
+    for filters in (32, 64, 128):
+        x = layers.Conv2D(filters, 3, strides=2, padding="same", use_bias=False)(x)
+        x = layers.ReLU()(layers.BatchNormalization()(x))
+    x = layers.SeparableConv2D(128, 3, padding="same", activation="relu")(x)
+    x = layers.GlobalAveragePooling2D()(x)
+    return keras.Model(inputs, layers.Dense(10)(x), name="cnn_free_size")
+
+
+def app(family: str, name: str, side: int, quick: bool = False) -> ZooModel:
+    return ZooModel(family, application(name, side), images, side, quick=quick)
+
+
+MODELS: dict[str, ZooModel] = {
+    "resnet50": app("ResNet", "ResNet50", 64),
+    "resnet50v2": app("ResNetV2", "ResNet50V2", 64),
+    "mobilenetv2": app("MobileNetV2", "MobileNetV2", 96),
+    "mobilenetv3small": app("MobileNetV3", "MobileNetV3Small", 96, quick=True),
+    "efficientnetb0": app("EfficientNet", "EfficientNetB0", 64),
+    "efficientnetv2b0": app("EfficientNetV2", "EfficientNetV2B0", 64),
+    "densenet121": app("DenseNet", "DenseNet121", 64),
+    "convnexttiny": app("ConvNeXt", "ConvNeXtTiny", 64),
+    "xception": app("Xception", "Xception", 71),  # 71: its smallest input
+    "inceptionv3": app("Inception", "InceptionV3", 75),  # 75: its smallest
+    "nasnetmobile": app("NASNet", "NASNetMobile", 96),
+    "vgg16": app("VGG", "VGG16", 64),
+    "regnetx002": ZooModel("RegNet", regnetx_002, images, 64, quick=True),  # rescales inside
+    "text-conv1d": ZooModel(
+        "Embedding+Conv1D, variable length",
+        text_conv1d,
+        token_ids,
+        64,
+        (16, 256),
+        "length",
+        quick=True,
+    ),
+    "gru-varlen": ZooModel(
+        "GRU, variable length", gru_varlen, features, 40, (8, 100), "length", quick=True
+    ),
+    "transformer-varlen": ZooModel(
+        "transformer encoder, dict inputs, variable length",
+        transformer_varlen,
+        padded_tokens,
+        64,
+        (16, 200),
+        "length",
+        quick=True,
+    ),
+    "cnn-free-hw": ZooModel(
+        "CNN, free height and width", cnn_free_size, images, 64, ((48, 80), (128, 96)), quick=True
+    ),
+}
+
+
+# -- one model, in a child process -------------------------------------------------------------
+def describe_input(sample) -> str:
+    if isinstance(sample, dict):
+        return ", ".join(f"{k} {describe_input(v)}" for k, v in sorted(sample.items()))
+    return f"{'x'.join(map(str, sample.shape))} {sample.dtype}"
+
+
+def flat_outputs(outputs) -> list[np.ndarray]:
+    import tensorflow as tf
+
+    return [np.asarray(leaf) for leaf in tf.nest.flatten(outputs)]
+
+
+def reason(exc: BaseException, limit: int = 400) -> str:
+    """The exception on one line. OpenVINO opens its messages with the place that raised
+    ("Exception from src/...", "Check 'false' failed at ..."): the cause comes after."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    causes = [line for line in lines if not line.startswith(("Exception from src/", "Check '"))]
+    text = f"{type(exc).__name__}: " + " / ".join(causes or lines)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def by_hand_runners(model, sample) -> tuple[dict, dict, dict]:
+    """The by-hand runtimes that could be built: (runners, {label: failure}, {label: build s})."""
+    import by_hand
+
+    exported: dict[str, bytes] = {}
+
+    def onnx() -> bytes:  # one export by hand, shared by ONNX Runtime and OpenVINO
+        if "onnx" not in exported:
+            exported["onnx"] = by_hand.onnx_bytes(model, sample)
+        return exported["onnx"]
+
+    builders = {
+        "tf.function": lambda: by_hand.tf_function(model, sample),
+        "tf.function+XLA": lambda: by_hand.tf_function(model, sample, jit_compile=True),
+        "onnxruntime": lambda: by_hand.onnxruntime_session(onnx(), sample),
+        "openvino-f32": lambda: by_hand.openvino_compiled(onnx(), sample, precision_hint="f32"),
+        "litert": lambda: by_hand.litert_interpreter(model, sample),
+    }
+    runners, failed, build_s = {}, {}, {}
+    for label, build in builders.items():
+        print(f"[zoo]   by hand: {label}", file=sys.stderr, flush=True)
+        start = time.perf_counter()
+        try:
+            runners[label] = build()
+        except Exception as exc:  # a runtime failing on this model is a result: say why
+            failed[label] = reason(exc)
+        build_s[label] = time.perf_counter() - start
+    return runners, failed, build_s
+
+
+def callable_errors(opt, model, spec: ZooModel, rng: np.random.Generator) -> dict[str, float | str]:
+    """The callable's relative error against model(x) at batch 1, batch 4 and the other
+    sizes; a call that raises is recorded as "failed: reason"."""
+    checks = {
+        "batch 1": spec.draw(rng, 1, spec.size),
+        f"batch {CHECK_BATCH}": spec.draw(rng, CHECK_BATCH, spec.size),
+    }
+    for size in spec.other_sizes:
+        label = "x".join(map(str, size)) if isinstance(size, tuple) else str(size)
+        checks[f"{spec.varies} {label}"] = spec.draw(rng, 1, size)
+    errors = {}
+    for label, x in checks.items():
+        try:
+            errors[label] = relative_error(flat_outputs(opt(x)), flat_outputs(model(x)))
+        except Exception as exc:  # the callable refusing a size is a result too
+            errors[label] = f"failed: {reason(exc)}"
+    return errors
+
+
+def run_model(name: str, budget_s: float) -> dict:
+    import keras
+    from timing import measure_runners
+
+    import infertune
+
+    spec = MODELS[name]
+    keras.utils.set_random_seed(0)
+    model = spec.build()
+    rng = np.random.default_rng(0)
+    sample = spec.draw(rng, 1, spec.size)
+    print(f"[zoo] {name}: optimize()", file=sys.stderr, flush=True)
+    start = time.perf_counter()
+    opt = infertune.optimize(model, sample, verbose=False)
+    optimize_s = time.perf_counter() - start
+    report = opt.report
+    candidates = [
+        {
+            "name": c.name,
+            "status": c.status,
+            "precision": c.precision,
+            "reason": c.reason,
+            "p50_ms": c.p50,
+            "max_rel_err": c.max_rel_err,
+            "prepare_s": c.prepare_s,
+        }
+        for c in report.candidates
+    ]
+    print(f"[zoo] {name}: checking opt(x) at other batch sizes and sizes", file=sys.stderr)
+    errors_opt = callable_errors(opt, model, spec, rng)
+    print(f"[zoo] {name}: runtimes by hand", file=sys.stderr, flush=True)
+    runners, failed, build_s = by_hand_runners(model, sample)
+    reference = flat_outputs(model(sample))
+    raw_err = {}
+    for label in list(runners):
+        try:
+            raw_err[label] = relative_error(runners[label](), reference)
+        except Exception as exc:
+            failed[label] = f"first call: {reason(exc)}"
+            del runners[label]
+    runners["infertune"] = lambda: opt(sample)
+    print(f"[zoo] {name}: measuring {len(runners)} runners", file=sys.stderr, flush=True)
+    cooldown = {"onnxruntime": ONNXRUNTIME_COOLDOWN_S, "infertune": opt._backend.cooldown_s}
+    measured = measure_runners(runners, budget_s=budget_s, cooldown_s=cooldown)
+    for label, why in measured.errors.items():
+        failed[label] = f"measurement: {why}"
+    p50 = {label: stats.p50 for label, stats in measured.stats.items()}
+    exact = {
+        label: p50[label]
+        for label in RAW_RUNTIMES
+        if label in p50 and raw_err.get(label, 1.0) <= EXACT_RTOL
+    }
+    best = min(exact, key=exact.get) if exact else None
+    ours = p50.get("infertune")
+    return {
+        "model": name,
+        "family": spec.family,
+        "input": describe_input(sample),
+        "optimize_s": optimize_s,
+        "selected": opt.backend,
+        "selection_reason": report.selection_reason,
+        "candidates": candidates,
+        "exact_mismatch": {
+            c["name"]: c["reason"]
+            for c in candidates
+            if c["precision"] == "fp32" and c["status"] == "mismatch"
+        },
+        "callable_rel_err": errors_opt,
+        "raw_failed": failed,
+        "raw_rel_err": raw_err,
+        "raw_build_s": build_s,
+        "p50_ms": p50,
+        "stats": {label: s.to_dict() for label, s in measured.stats.items()},
+        "best_exact_raw": best,
+        "vs_best_exact_raw": exact[best] / ours if best and ours else None,
+        "report": report.to_dict(),
+    }
+
+
+def run_in_child(name: str, budget_s: float, timeout_s: float) -> dict:
+    """run_model in a child process; a crash or a hang becomes that model's failure."""
+    with tempfile.TemporaryDirectory(prefix="zoo-") as tmp:
+        path = Path(tmp) / "result.json"
+        command = [sys.executable, __file__, "--child", name, "--budget", str(budget_s)]
+        command += ["--child-out", str(path)]
+        start = time.perf_counter()
+        try:
+            done = subprocess.run(command, timeout=timeout_s, check=False)
+        except subprocess.TimeoutExpired:
+            return {"model": name, "error": f"did not finish within {timeout_s:.0f} s"}
+        if done.returncode != 0 or not path.exists():
+            return {"model": name, "error": f"the child process exited with {done.returncode}"}
+        result = json.loads(path.read_text(encoding="utf-8"))
+        result["wall_s"] = time.perf_counter() - start
+        return result
+
+
+# -- report ------------------------------------------------------------------------------------
+def _ms(value: float) -> str:
+    return f"{value:.4g}"
+
+
+def raw_cell(r: dict, label: str) -> str:
+    if label in r["raw_failed"]:
+        return "failed"
+    value = r["p50_ms"].get(label)
+    if value is None:
+        return "-"
+    err = r["raw_rel_err"].get(label, 0.0)
+    return _ms(value) + (f" (err {err:.0e})" if err > EXACT_RTOL else "")
+
+
+def worst_callable_error(r: dict) -> str:
+    values = list(r["callable_rel_err"].values())
+    if any(isinstance(v, str) for v in values):
+        return "failed"
+    return f"{max(values):.0e}"
+
+
+def markdown(results: list[dict]) -> str:
+    columns = [*RAW_RUNTIMES, "infertune"]
+    head = (
+        "| model | input | optimize() s | infertune chose | "
+        + " | ".join(columns)
+        + " | vs fastest exact by hand | opt(x) err | exact candidates rejected |"
+    )
+    lines = [head, "|---" * (len(columns) + 7) + "|"]
+    for r in results:
+        if "error" in r:
+            lines.append(f"| {r['model']} | | | {r['error']} |" + " |" * (len(columns) + 3))
+            continue
+        cells = [raw_cell(r, label) for label in RAW_RUNTIMES]
+        ours = r["p50_ms"].get("infertune")
+        cells.append("-" if ours is None else _ms(ours))
+        ratio = r["vs_best_exact_raw"]
+        versus = "-" if ratio is None else f"{ratio:.2f}x ({r['best_exact_raw']})"
+        rejected = ", ".join(r["exact_mismatch"]) or "none"
+        lines.append(
+            f"| {r['model']} | {r['input']} | {r['optimize_s']:.0f} | {r['selected']} | "
+            + " | ".join(cells)
+            + f" | {versus} | {worst_callable_error(r)} | {rejected} |"
+        )
+    return "\n".join(lines)
+
+
+def fates(results: list[dict]) -> str:
+    """Every candidate's fate, and why each by-hand runtime or candidate failed."""
+    lines = []
+    for r in results:
+        if "error" in r:
+            lines.append(f"- **{r['model']}**: {r['error']}")
+            continue
+        by_status: dict[str, list[str]] = {}
+        for c in r["candidates"]:
+            by_status.setdefault(c["status"], []).append(c["name"])
+        statuses = "; ".join(f"{status}: {', '.join(names)}" for status, names in by_status.items())
+        lines.append(f"- **{r['model']}** ({r['family']}): {statuses}")
+        for c in r["candidates"]:
+            if c["status"] in ("mismatch", "failed", "timeout"):
+                lines.append(f"  - {c['name']} {c['status']}: {c['reason']}")
+        for label, reason in r["raw_failed"].items():
+            lines.append(f"  - by hand, {label} failed: {reason}")
+        errors = ", ".join(
+            f"{label} {v if isinstance(v, str) else f'{v:.1e}'}"
+            for label, v in r["callable_rel_err"].items()
+        )
+        lines.append(f"  - opt(x) relative error against model(x): {errors}")
+    return "\n".join(lines)
+
+
+def check_targets(results: list[dict]) -> list[str]:
+    checks: list[tuple[bool, str]] = []
+    for r in results:
+        name = r["model"]
+        if "error" in r:
+            checks.append((False, f"{name}: {r['error']}"))
+            continue
+        rejected = ", ".join(r["exact_mismatch"]) or "none"
+        checks.append(
+            (not r["exact_mismatch"], f"{name}: exact candidates rejected as mismatch: {rejected}")
+        )
+        errors = r["callable_rel_err"]
+        numbers = [v for v in errors.values() if not isinstance(v, str)]
+        ok = len(numbers) == len(errors) and max(numbers) <= EXACT_RTOL
+        worst = worst_callable_error(r)
+        checks.append(
+            (ok, f"{name}: opt(x) vs model(x) at {list(errors)}: worst {worst} (<= {EXACT_RTOL:g})")
+        )
+        ratio, best = r["vs_best_exact_raw"], r["best_exact_raw"]
+        if ratio is None:
+            checks.append((False, f"{name}: no exact by-hand runtime (or infertune) was timed"))
+        else:
+            checks.append(
+                (
+                    ratio >= 1 / TOO_SLOW,
+                    f"{name}: {ratio:.2f}x the fastest exact by-hand runtime {best} "
+                    f"(>= {1 / TOO_SLOW:.2f}: within 5%)",
+                )
+            )
+    ratios = {r["model"]: r.get("vs_best_exact_raw") for r in results}
+    if len(ratios) >= 3:
+        faster = [name for name, ratio in ratios.items() if ratio is not None and ratio > 1.0]
+        checks.append(
+            (
+                2 * len(faster) > len(ratios),
+                f"faster than the fastest exact by-hand runtime on {len(faster)} of "
+                f"{len(ratios)} models {faster} (most)",
+            )
+        )
+    return [f"{'PASS' if ok else 'FAIL'} {text}" for ok, text in checks]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", help=f"comma-separated names; default all: {list(MODELS)}")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help=f"the small and variable-shape models: {[n for n, m in MODELS.items() if m.quick]}",
+    )
+    parser.add_argument("--out", type=Path, default=Path("docs/benchmarks/zoo"))
+    parser.add_argument("--budget", type=float, default=10.0, help="measurement s per model")
+    parser.add_argument(
+        "--model-timeout", type=float, default=1200.0, help="s one model may take in all"
+    )
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--child-out", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        result = run_model(args.child, args.budget)
+        args.child_out.write_text(json.dumps(result, default=str), encoding="utf-8")
+        return 0
+    if args.models and args.quick:
+        parser.error("give --models or --quick, not both")
+    names = [n for n in args.models.split(",") if n] if args.models else list(MODELS)
+    if args.quick:
+        names = [n for n, m in MODELS.items() if m.quick]
+    unknown = [n for n in names if n not in MODELS]
+    if unknown:
+        parser.error(f"unknown models {unknown}; known: {list(MODELS)}")
+    results = []
+    for name in names:
+        print(f"[zoo] {name} ({len(results) + 1} of {len(names)})", file=sys.stderr, flush=True)
+        results.append(run_in_child(name, args.budget, args.model_timeout))
+    from infertune.environment import collect_environment
+
+    env = collect_environment()
+    targets = check_targets(results)
+    text = "\n\n".join(
+        [
+            "Median ms per call (p50) at batch 1; the by-hand runtimes and infertune's callable "
+            "timed in one interleaved run per model. `(err E)`: not exact (relative error "
+            f"above {EXACT_RTOL:g}); `opt(x) err`: the callable's largest relative error "
+            "against model(x) at batch 1, batch 4 and the other lengths or sizes.",
+            f"Machine: {machine_description(env)}",
+            markdown(results),
+            "Every candidate's fate:\n\n" + fates(results),
+            "\n".join(targets),
+        ]
+    )
+    print(text)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "results.md").write_text(text + "\n", encoding="utf-8")
+    payload = {"environment": env, "results": results, "targets": targets}
+    (args.out / "results.json").write_text(json.dumps(payload, indent=2, default=str) + "\n")
+    return 0 if all(t.startswith("PASS") for t in targets) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

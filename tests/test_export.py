@@ -1,0 +1,107 @@
+"""The ONNX export: layers that hold constants, and the reason given when an op cannot convert."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+
+import infertune
+from infertune.export.onnx import export_onnx
+from infertune.inputs import build_signature
+from infertune.models import load_model
+from infertune.target import Target
+
+
+def exported_graph(model, sample) -> onnx.GraphProto:
+    """The ONNX graph that every ONNX-based candidate of optimize(model, sample) runs."""
+    source = load_model(model)
+    signature, flat = build_signature(sample, source.declared_inputs, source.default_float)
+    reference, structure = source.call_flat(signature, flat)
+    target = Target(source, signature, structure, [r.dtype for r in reference])
+    return onnx.load_from_string(export_onnx(target).model_bytes).graph
+
+
+def images(rng, batch: int = 4) -> np.ndarray:
+    """Pixels in 0-255, far from zero mean and unit variance, so that normalizing matters."""
+    return (rng.random((batch, 8, 8, 3)) * 255).astype("float32")
+
+
+def convnext_like_model(sample):
+    """The layers that lost every ONNX candidate of EfficientNet and ConvNeXt, small:
+
+    - a Normalization adapted on data and one given its mean and variance: Keras 3 keeps both
+      as plain tensors, which the traced function captures as placeholders (tf2onnx's
+      from_function made them graph inputs);
+    - a depthwise convolution written as Conv2D(groups=channels), as ConvNeXt does: Keras 3
+      runs grouped convolutions through a nested tf.function compiled by XLA;
+    - a per-channel scale held in a variable and multiplied in, as ConvNeXt's LayerScale.
+    """
+    import keras
+
+    class LayerScale(keras.layers.Layer):
+        def build(self, input_shape):
+            self.gamma = self.add_weight(shape=(input_shape[-1],), initializer="ones")
+            self.gamma.assign(np.linspace(0.5, 2.0, input_shape[-1]).astype("float32"))
+
+        def call(self, x):
+            return x * self.gamma
+
+    keras.utils.set_random_seed(0)
+    adapted = keras.layers.Normalization(name="adapted")
+    adapted.adapt(sample)
+    inputs = keras.Input(sample.shape[1:])
+    hidden = keras.layers.Conv2D(4, 1)(adapted(inputs))
+    hidden = keras.layers.Conv2D(4, 3, groups=4, padding="same", name="depthwise")(hidden)
+    hidden = LayerScale(name="scale")(hidden)
+    hidden = keras.layers.Normalization(mean=0.5, variance=4.0, name="given")(hidden)
+    outputs = keras.layers.Dense(3)(keras.layers.GlobalAveragePooling2D()(hidden))
+    return keras.Model(inputs, outputs)
+
+
+def test_layers_holding_constants_export_and_onnxruntime_verifies(rng):
+    sample = images(rng)
+    model = convnext_like_model(sample)
+
+    graph = exported_graph(model, sample)
+    assert [node.name for node in graph.input] == ["in_0"]  # the model's only input
+
+    opt = infertune.optimize(model, sample, backends=["onnxruntime-cpu"], verbose=False)
+    result = opt.report.candidate("onnxruntime-cpu")
+    assert result.status in ("ok", "selected"), str(opt.report)
+
+
+def test_an_op_tf2onnx_cannot_convert_is_named_in_the_reason(rng):
+    import keras
+    import tensorflow as tf
+
+    class LogGamma(keras.layers.Layer):
+        def call(self, x):
+            return tf.math.lgamma(x)  # TensorFlow's Lgamma: tf2onnx 1.17 has no handler
+
+    inputs = keras.Input((6,))
+    positive = keras.layers.Dense(5, activation="softplus")(inputs)
+    model = keras.Model(inputs, keras.layers.Dense(3)(LogGamma(name="log_gamma")(positive)))
+    sample = rng.random((4, 6)).astype("float32")
+    opt = infertune.optimize(model, sample, backends=["onnxruntime-cpu"], verbose=False)
+    result = opt.report.candidate("onnxruntime-cpu")
+    assert result.status == "failed"
+    assert "tf2onnx cannot convert the TensorFlow op Lgamma" in result.reason
+    assert "/log_gamma" in result.reason  # the node's scope names the layer
+    assert "\n" not in result.reason
+
+
+def test_the_error_of_a_failing_tf2onnx_handler_is_in_the_reason(rng):
+    import tensorflow as tf
+
+    class WeightedBincount(tf.Module):
+        @tf.function(
+            input_signature=[[tf.TensorSpec((None, 5), tf.int32), tf.TensorSpec((None, 5))]]
+        )
+        def __call__(self, inputs):
+            ids, weights = inputs  # tf2onnx's DenseBincount handler refuses weights
+            return tf.math.bincount(ids, weights=weights, minlength=8, maxlength=8, axis=-1)
+
+    sample = [rng.integers(0, 8, (3, 5)).astype("int32"), rng.random((3, 5)).astype("float32")]
+    with pytest.raises(RuntimeError, match=r"op DenseBincount \(at .+: .*Non-empty weights"):
+        exported_graph(WeightedBincount(), sample)

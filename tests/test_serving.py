@@ -1,0 +1,198 @@
+"""What the servers share, without starting one: a saved result behind named tensors
+(ServedModel), the Open Inference Protocol's requests and responses as bytes, and the Ray
+Data Predictor called as Ray calls it (a plain callable class: Ray itself runs in
+test_ray.py)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from conftest import dense_model, dict_model, dict_sample
+
+import infertune
+from infertune.deploy.protocol import (
+    BINARY_HEADER,
+    ProtocolError,
+    encode_response,
+    model_metadata,
+    parse_request,
+    route,
+)
+from infertune.deploy.ray_data import Predictor
+from infertune.deploy.served import ServedModel
+
+# Outputs of the same ONNX Runtime result on the same inputs, batched or not: float32
+# round-off of a 2-layer network (a few ulps), far below any real difference.
+RTOL, ATOL = 1e-5, 1e-6
+
+
+@pytest.fixture(scope="module")
+def dense_saved(tmp_path_factory):
+    x = np.random.default_rng(0).standard_normal((4, 6)).astype("float32")
+    opt = infertune.optimize(
+        dense_model(), x, backends=["onnxruntime-cpu"], isolation="off", verbose=False
+    )
+    return opt.save(tmp_path_factory.mktemp("served") / "dense")
+
+
+@pytest.fixture(scope="module")
+def dict_saved(tmp_path_factory):
+    sample = dict_sample(np.random.default_rng(0))
+    opt = infertune.optimize(
+        dict_model(), sample, backends=["onnxruntime-cpu"], isolation="off", verbose=False
+    )
+    return opt.save(tmp_path_factory.mktemp("served") / "scorer")
+
+
+def test_served_model_names_shapes_and_batches_requests(dense_saved, dict_saved):
+    model = ServedModel(dense_saved)
+    assert [(s.name, s.dtype.name, s.shape) for s in model.inputs] == [("x", "float32", (None, 6))]
+    assert [(s.name, s.shape) for s in model.outputs] == [("output", (None, 3))]
+    assert model.batches_requests
+    rng = np.random.default_rng(1)
+    requests = [[rng.standard_normal((n, 6)).astype("float32")] for n in (1, 3, 2)]
+    runs = []
+    outputs = model.run_batch(requests, record=lambda samples, ns: runs.append(samples))
+    assert runs == [6]  # one run of the model for the three requests
+    keras_model = dense_model()
+    for request, output in zip(requests, outputs):
+        np.testing.assert_allclose(output[0], keras_model(request[0]), rtol=RTOL, atol=ATOL)
+
+    scorer = ServedModel(dict_saved)
+    assert [s.name for s in scorer.inputs] == ["features", "tokens"]
+    assert [(s.name, s.shape) for s in scorer.outputs] == [
+        ("probs", (None, 3)),
+        ("score", (None, 1)),
+    ]
+    with pytest.raises(
+        infertune.InputError, match=r"Missing input 'tokens'.*features: \(None, 4\)"
+    ):
+        scorer.check({"features": np.zeros((2, 4), "float32")}, cast=False)
+    with pytest.raises(infertune.InputError, match="dtype int64; the model takes int32"):
+        scorer.check({"features": np.zeros((2, 4), "float32"),
+                      "tokens": np.zeros((2, 5), "int64")}, cast=False)  # fmt: skip
+    with pytest.raises(infertune.InputError, match="different batch sizes"):
+        scorer.check({"features": np.zeros((2, 4), "float32"),
+                      "tokens": np.zeros((3, 5), "int32")}, cast=True)  # fmt: skip
+
+
+def test_importing_infertune_never_imports_ray():
+    code = "import sys, infertune; print([m for m in ('ray', 'tensorflow') if m in sys.modules])"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]"
+
+
+# -- the Open Inference Protocol --------------------------------------------------------------
+def test_routes():
+    assert route("GET", "/v2/health/ready", "m") == "ready"
+    assert route("GET", "/v2/models/m", "m") == "metadata"
+    assert route("POST", "/v2/models/m/versions/1/infer", "m") == "infer"
+    assert route("GET", "/v2/models/m/stats", "m") == "stats"
+    with pytest.raises(ProtocolError, match="Unknown model 'other'") as info:
+        route("POST", "/v2/models/other/infer", "m")
+    assert info.value.status == 404
+    with pytest.raises(ProtocolError, match="answers POST") as info:
+        route("GET", "/v2/models/m/infer", "m")
+    assert info.value.status == 405
+
+
+def test_json_and_binary_requests_and_responses(dense_saved):
+    model = ServedModel(dense_saved)
+    x = np.random.default_rng(2).standard_normal((2, 6)).astype("float32")
+    expected = model.run([x])[0]
+    metadata = model_metadata(model, "dense")
+    assert metadata["inputs"] == [{"name": "x", "datatype": "FP32", "shape": [-1, 6]}]
+    assert metadata["outputs"] == [{"name": "output", "datatype": "FP32", "shape": [-1, 3]}]
+    assert metadata["parameters"] == {"backend": "onnxruntime-cpu"}
+
+    # JSON in (nested lists), JSON out, the id echoed
+    tensor = {"name": "x", "shape": [2, 6], "datatype": "FP32", "data": x.tolist()}
+    body = json.dumps({"id": "a1", "inputs": [tensor]}).encode()
+    request = parse_request(body, model)
+    content, headers = encode_response("dense", model, request, model.run(request.inputs))
+    response = json.loads(content)
+    assert BINARY_HEADER not in headers and response["id"] == "a1"
+    assert response["outputs"][0]["shape"] == [2, 3]
+    np.testing.assert_allclose(np.reshape(response["outputs"][0]["data"], (2, 3)), expected,
+                               rtol=RTOL, atol=ATOL)  # fmt: skip
+
+    # binary in (gzip-compressed), binary out: as tritonclient sends by default
+    header = json.dumps({
+        "inputs": [{"name": "x", "shape": [2, 6], "datatype": "FP32",
+                    "parameters": {"binary_data_size": x.nbytes}}],
+        "parameters": {"binary_data_output": True},
+    }).encode()  # fmt: skip
+    request = parse_request(gzip.compress(header + x.tobytes()), model, str(len(header)), "gzip")
+    np.testing.assert_array_equal(request.inputs[0], x)
+    content, headers = encode_response("dense", model, request, model.run(request.inputs))
+    length = int(headers[BINARY_HEADER])
+    output = json.loads(content[:length])["outputs"][0]
+    assert output["parameters"]["binary_data_size"] == 2 * 3 * 4
+    got = np.frombuffer(content[length:], dtype="<f4").reshape(output["shape"])
+    np.testing.assert_allclose(got, expected, rtol=RTOL, atol=ATOL)
+
+
+@pytest.mark.parametrize(
+    ("request_json", "reason"),
+    [
+        ("not json", "not valid JSON"),
+        ({"inputs": "x"}, '"inputs": a list of tensors'),
+        ({"inputs": [{"name": "y", "shape": [1, 6], "datatype": "FP32", "data": [0] * 6}]},
+         r"Unknown input 'y'. The model takes: x: \(None, 6\) float32"),
+        ({"inputs": [{"name": "x", "shape": [1, 5], "datatype": "FP32", "data": [0] * 5}]},
+         r"'x' has shape \(1, 5\); the model takes x: \(None, 6\)"),
+        ({"inputs": [{"name": "x", "shape": [1, 6], "datatype": "FP64", "data": [0] * 6}]},
+         "dtype float64; the model takes float32"),
+        ({"inputs": [{"name": "x", "shape": [1, 6], "datatype": "FP32", "data": [0] * 5}]},
+         "has 5 values in its data; its shape"),
+        ({"inputs": [{"name": "x", "shape": [1, 6], "datatype": "BYTES", "data": ["a"] * 6}]},
+         "BYTES tensors"),
+        ({"inputs": [{"name": "x", "shape": [1, 6], "datatype": "FP32",
+                      "data": ["a"] * 6}]}, "its data are not FP32 values"),
+        ({"inputs": [{"name": "x", "shape": [1, 6], "datatype": "FP32",
+                      "parameters": {"binary_data_size": 24}}]}, "only 0 bytes of binary data"),
+        ({"inputs": [{"name": "x", "shape": [1, 6], "datatype": "FP32", "data": [0] * 6}],
+          "outputs": [{"name": "logits"}]}, "Unknown output 'logits'"),
+        ({"inputs": []}, "Missing input 'x'"),
+    ],
+)  # fmt: skip
+def test_a_malformed_request_is_refused_with_the_reason(dense_saved, request_json, reason):
+    model = ServedModel(dense_saved)
+    body = request_json if isinstance(request_json, str) else json.dumps(request_json)
+    with pytest.raises(ProtocolError, match=reason) as info:
+        parse_request(body.encode(), model)
+    assert info.value.status == 400
+
+
+# -- the Ray Data Predictor, called as map_batches calls it -----------------------------------
+def test_predictor_columns(dense_saved, dict_saved):
+    x = np.random.default_rng(3).standard_normal((5, 6))  # float64, as pandas would give
+    predictor = Predictor(dense_saved)
+    assert predictor.backend == "onnxruntime-cpu"
+    for column in ("x", "data"):  # the model's input name, and ray.data.from_numpy's column
+        batch = predictor({column: x, "id": np.arange(5)})
+        assert set(batch) == {"output", "id"}  # other columns are kept, inputs dropped
+        np.testing.assert_allclose(batch["output"], dense_model()(x.astype("float32")),
+                                   rtol=RTOL, atol=ATOL)  # fmt: skip
+    with pytest.raises(infertune.InputError, match=r"Missing column 'x' \(received \['y'\]\)"):
+        predictor({"y": x})
+    with pytest.raises(infertune.InputError, match=r"Column 'x' has shape \(5, 5\); the model"):
+        predictor({"x": x[:, :5]})
+    with pytest.raises(infertune.InputError, match="both a 'x' and a 'data' column"):
+        predictor({"x": x, "data": x})
+    with pytest.raises(infertune.InputError, match="already has column"):
+        predictor({"x": x, "output": x})
+    with pytest.raises(TypeError, match="dict of numpy columns"):
+        predictor(x)
+
+    sample = dict_sample(np.random.default_rng(4), batch=3)
+    batch = Predictor(dict_saved)(sample)
+    assert set(batch) == {"probs", "score"}
+    expected = dict_model()(sample)
+    for key in batch:
+        np.testing.assert_allclose(batch[key], expected[key], rtol=RTOL, atol=ATOL)
