@@ -2,9 +2,18 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+import tempfile
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# What runs learn about the machine (its peak, tuning costs) goes to a file of this test
+# session, never the user's ~/.cache (machine.py).
+if "INFERTUNE_MACHINE_FILE" not in os.environ:
+    _machine_dir = tempfile.mkdtemp(prefix="infertune-tests-")
+    atexit.register(shutil.rmtree, _machine_dir, ignore_errors=True)
+    os.environ["INFERTUNE_MACHINE_FILE"] = os.path.join(_machine_dir, "machine.json")
 
 import numpy as np
 import pytest

@@ -18,29 +18,23 @@ import numpy as np
 
 from .backends import BACKENDS, Backend, KerasEager
 from .cache import CacheEntry
-from .diagnosis import diagnose
-from .environment import collect_environment
+from .diagnosis import diagnose, trace_and_count
+from .environment import collect_environment, fingerprint
 from .errors import InputError, ModelError, OptionError, one_line
 from .gpu import enable_tf_memory_growth
 from .inputs import InputSignature, build_signature
-from .isolation import (
-    DEFAULT_CANDIDATE_TIMEOUT_S,
-    ISOLATIONS,
-    CandidateCrashed,
-    CandidateTimeout,
-    Isolation,
-    NotRehearsable,
-    RehearsalError,
-    RehearsalUnavailable,
-)
+from .isolation import DEFAULT_CANDIDATE_TIMEOUT_S, ISOLATIONS, Isolation
+from .machine import MachineRecord
 from .measure import LatencyStats, clearly_slower, measure_interleaved, time_once, warm_up
 from .models import ModelSource, load_model
 from .optimized import Optimized
+from .planning import Probe, after_candidates_s, learn_from_run
+from .preparing import Budget, Check, prepare_all, shared_stage
 from .progress import Progress
 from .report import BatchResult, CandidateResult, Report
 from .resources import release_freed_memory
 from .target import Target
-from .verify import ELEMENT_RULE, Comparison, compare_outputs
+from .verify import ELEMENT_RULE
 
 __all__ = ["available_backends", "optimize"]
 
@@ -48,15 +42,6 @@ OBJECTIVES = ("latency", "throughput")
 PRECISIONS = ("fp32", "fp16", "bf16", "int8")
 DEFAULT_MEASURE_S = 5.0  # measurement budget when the caller gives no time_budget_s
 FRESH_INPUTS = 2  # random inputs at the sample's batch size, besides the sample itself
-
-
-@dataclass
-class _Check:
-    """One verification input and the reference outputs for it."""
-
-    label: str
-    inputs: list[np.ndarray]
-    reference: list[np.ndarray]
 
 
 def optimize(
@@ -143,42 +128,60 @@ def optimize(
 def _optimize(
     model, sample_input, backends, options: _Options, cache, progress: Progress
 ) -> Optimized:
-    progress.stage("loading the model")
-    # Before TensorFlow runs anything on a GPU: candidates after it must still find memory.
-    growth = enable_tf_memory_growth()
-    source = load_model(model)
-    signature, sample = build_signature(sample_input, source.declared_inputs, source.default_float)
-    progress.say(f"{source.description}; inputs {signature.describe()}")
-    candidates = _candidates(source, backends)
+    times = progress.times
+    with progress.timed("model load", text="loading the model"):
+        # Before TensorFlow runs anything on a GPU: candidates after it must still find memory.
+        growth = enable_tf_memory_growth()
+        source = load_model(model)
+        signature, sample = build_signature(
+            sample_input, source.declared_inputs, source.default_float
+        )
+        progress.say(f"{source.description}; inputs {signature.describe()}")
+        candidates = _candidates(source, backends)
     requested = None if backends is None else [b.name for b in candidates[1:]]
     saved_options = {**options.saved(), "backends": requested}
     entry = None
     if cache is not None:
-        progress.stage("looking up the tuning cache")
-        entry = CacheEntry(Path(cache), source, signature, saved_options)
-        hit = entry.load(source, signature, sample, progress)
+        with progress.timed("cache lookup", text="looking up the tuning cache"):
+            entry = CacheEntry(Path(cache), source, signature, saved_options)
+            hit = entry.load(source, signature, sample, progress)
         if hit is not None:
             return hit
 
     batch_sizes = _tuned_batch_sizes(options.batch_sizes, signature)
-    progress.stage("computing reference outputs")
-    reference, outputs, first_call_s = _reference(source, signature, sample)
+    with progress.timed("reference", text="computing reference outputs"):
+        reference, outputs, first_call_s = _reference(source, signature, sample)
     target = Target(source, signature, outputs, [ref.dtype for ref in reference], options.objective)
-    checks = _checks(source, signature, sample, reference, progress, batch_sizes)
+    with progress.timed("verification inputs"):
+        checks, call_s = _checks(source, signature, sample, reference, progress, batch_sizes)
+
+    with progress.timed("environment"):
+        environment = collect_environment()
+    record = MachineRecord(fingerprint(environment))
+    with progress.timed("FLOP count", text="counting the model's arithmetic (one trace of it)"):
+        probe = _probe(source, signature, sample, checks, call_s)
+    budget = _budget(options, first_call_s, probe, record)
 
     results: list[CandidateResult] = []
     isolation = Isolation(options.isolation, options.candidate_timeout_s)
     try:
-        contenders = _prepare_all(candidates, target, checks, results, options, progress, isolation)
+        contenders, call_estimates, tried = prepare_all(
+            candidates, target, checks, results, options, progress, isolation, budget, probe,
+            record,
+        )  # fmt: skip
     finally:
         isolation.close()
+    for name, seconds in isolation.child_seconds.items():
+        times.add_background(name, seconds, "rehearsal in the child process")
+    for key, seconds in target.offloaded_seconds.items():
+        times.add_background("(shared)", seconds, f"{shared_stage(key)} in a worker process")
     results[0].first_call_ms = 1e3 * first_call_s  # the model's own first call, on the sample
     precision_notes = [
         f"{backend.name}: {backend.precision_note}"
         for backend, result in zip(candidates, results)
         if backend.precision_note and result.status not in ("skipped", "unavailable")
     ]
-    del candidates  # from here on, a rejected candidate is referenced by nobody
+    candidates = [(type(b), b.name) for b in candidates]  # a rejected one is referenced by nobody
     if results[0].status != "ok":
         raise ModelError(
             f"The model does not reproduce its own outputs on the same input "
@@ -187,8 +190,9 @@ def _optimize(
         )
 
     by_batch = _measure_batches(
-        contenders, sample, results, signature, batch_sizes, options, progress
-    )
+        contenders, sample, results, signature, batch_sizes, options, progress, budget,
+        call_estimates,
+    )  # fmt: skip
     chosen, why = _select(results, options.objective, options.latency_budget_ms)
     batches = (
         _choose_per_batch(results, by_batch, chosen, why, options, signature.sample_batch)
@@ -199,9 +203,13 @@ def _optimize(
     for rejected in contenders.values():
         _close(rejected)
     contenders.clear()
-    progress.stage("diagnosis: counting the arithmetic, measuring the machine's peak")
-    environment = collect_environment()
-    diagnosis = diagnose(source, signature, sample, results, chosen.name, environment)
+    progress.stage("diagnosis: the machine's peak")
+    diagnosis = diagnose(
+        source, signature, sample, results, chosen.name, environment,
+        flops=(probe.flops, probe.flops_note), record=record, timed=progress.timed,
+    )  # fmt: skip
+    times.total_s = progress.elapsed()
+    _learn(record, probe, candidates, results, times, chosen.name)
     report = Report(
         model=source.description,
         signature=signature.describe(),
@@ -213,15 +221,22 @@ def _optimize(
         environment=environment,
         selected=chosen.name,
         selection_reason=why,
-        total_s=progress.elapsed(),
-        notes=_notes(target, checks) + precision_notes + _gpu_notes(growth) + isolation.notes,
+        total_s=times.total_s,
+        notes=_notes(target, checks)
+        + precision_notes
+        + target.notes
+        + _plan_notes(options, tried, results)
+        + _gpu_notes(growth)
+        + isolation.notes,
         diagnosis=diagnosis,
         batches=batches,
         latency_budget_ms=options.latency_budget_ms,
+        stages=times,
     )
     progress.say(f"selected {chosen.name}: {why}")
     for line in report.batch_summary():
         progress.say(line)
+    progress.say(times.summary().replace("\n  ", "; "))
     opt = Optimized(
         kept[chosen.name],
         signature,
@@ -319,12 +334,15 @@ class _Options:
             "latency_budget_ms": self.latency_budget_ms,
         }
 
-    def measure_budget(self, batch_sizes_left: int = 1) -> float:
+    def measure_budget(
+        self, batch_sizes_left: int = 1, deadline: float | None = None, after_s: float = 0.0
+    ) -> float:
         """Seconds to measure one batch size: DEFAULT_MEASURE_S each, or an equal share of
-        what remains of time_budget_s."""
+        what remains of time_budget_s (until `deadline`, less `after_s` for what follows)."""
         if self.time_budget_s is None:
             return DEFAULT_MEASURE_S
-        return max(0.2, (self.deadline - time.perf_counter()) / batch_sizes_left)
+        end = self.deadline if deadline is None else deadline
+        return max(0.2, (end - after_s - time.perf_counter()) / batch_sizes_left)
 
 
 def _checked_batch_sizes(batch_sizes: Any) -> tuple[int, ...] | None:
@@ -354,30 +372,6 @@ def _check_choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
 def _check_positive_or_none(name: str, value: Any) -> None:
     if value is not None and not (isinstance(value, int | float) and value > 0):
         raise OptionError(f"{name} must be a positive number or None. Received: {value!r}.")
-
-
-def _admitted(backend: Backend, result: CandidateResult, options: _Options, is_reference: bool):
-    """Whether a candidate goes on to prepare; if not, its result says why.
-
-    Availability comes before precision: a candidate that cannot run here is `unavailable`
-    with its reason whatever the precision allowed, so that a `skipped` fp16 candidate means
-    that allowing fp16 would let it run."""
-    reason = backend.available()
-    if reason is not None:
-        result.status, result.reason = "unavailable", reason
-        return False
-    if backend.precision not in options.precisions:
-        result.status = "skipped"
-        result.reason = (
-            f"{backend.precision} candidate; allow it with precision=(..., "
-            f"{backend.precision!r}) where a reduced-precision error is acceptable"
-        )
-        return False
-    if time.perf_counter() > options.deadline and not is_reference:
-        result.status = "skipped"
-        result.reason = f"not reached within time_budget_s={options.time_budget_s:g}"
-        return False
-    return True
 
 
 def _candidates(source: ModelSource, backends: Sequence[str | Backend] | None) -> list[Backend]:
@@ -434,9 +428,10 @@ def _checks(
     reference: list[np.ndarray],
     progress: Progress,
     batch_sizes: list[int] | None = None,
-) -> list[_Check]:
+) -> tuple[list[Check], float]:
     """The sample, fresh random inputs like it, and one at each other tuned batch size (one
-    at another batch size where none is given and the batch is free)."""
+    at another batch size where none is given and the batch is free); and the model's
+    seconds per call at the sample's batch size, steady (the first call is the sample's)."""
     rng = np.random.default_rng(0)
     batch = signature.sample_batch
     wanted = [(f"random input {i + 1}", batch) for i in range(FRESH_INPUTS)]
@@ -447,128 +442,71 @@ def _checks(
     else:
         others = []
     wanted += [(f"random input at batch {other}", other) for other in others]
-    checks = [_Check("the sample", sample, reference)]
+    checks = [Check("the sample", sample, reference)]
+    seconds = []
     for label, size in wanted:
         inputs = signature.random_inputs(rng, size)
         try:
-            outputs, _ = source.call_flat(signature, inputs)
+            (outputs, _), took = time_once(lambda i=inputs: source.call_flat(signature, i))
         except Exception as exc:
             progress.say(f"the model raised on {label}, verifying without it: {one_line(exc)}")
             continue
-        checks.append(_Check(label, inputs, outputs))
-    return checks
+        if size == batch:
+            seconds.append(took)
+        checks.append(Check(label, inputs, outputs))
+    return checks, min(seconds, default=0.0)
 
 
-def _prepare_all(
-    candidates: list[Backend],
-    target: Target,
-    checks: list[_Check],
-    results: list[CandidateResult],
-    options: _Options,
-    progress: Progress,
-    isolation: Isolation,
-) -> dict[str, Backend]:
-    """Prepare and verify each candidate in turn; return those that passed, by name."""
-    contenders: dict[str, Backend] = {}
-    for backend in candidates:
-        result = CandidateResult(name=backend.name, status="ok", precision=backend.precision)
-        results.append(result)
-        is_reference = backend is candidates[0]
-        if not _admitted(backend, result, options, is_reference):
-            continue
-        # The model itself runs as the caller runs it, in this thread, with no deadline.
-        where = Isolation("off", None) if is_reference else isolation
-        if _prepare_and_verify(backend, target, checks, result, options, progress, where):
-            contenders[backend.name] = backend
-        elif result.status != "timeout":  # a timed-out stage may still be using it
-            _close(backend)
-        if is_reference:
-            isolation.start()  # the child's imports overlap the next candidate's export
-    return contenders
+def _probe(
+    source: ModelSource,
+    signature: InputSignature,
+    sample: list[np.ndarray],
+    checks: list[Check],
+    call_s: float,
+) -> Probe:
+    """What the candidates' order and the budget are planned from: one trace of the model at
+    the sample's shapes gives its arithmetic (the diagnosis' count too), its op types and the
+    trace's time; the model's own call time comes from the verification inputs."""
+    flops, note, op_types, trace_s = trace_and_count(source.graph_function(signature), sample)
+    return Probe(flops, note, op_types, trace_s, call_s, len(checks))
 
 
-def _prepare_and_verify(
-    backend: Backend,
-    target: Target,
-    checks: list[_Check],
-    result: CandidateResult,
-    options: _Options,
-    progress: Progress,
-    isolation: Isolation,
-) -> bool:
-    """Prepare one candidate, time its first call, verify it on every check. True if it passed.
+def _budget(options: _Options, first_call_s: float, probe: Probe, record: MachineRecord):
+    """The time budget: time_budget_s from optimize()'s start plus the model's own first call
+    (which no candidate can save), and what the work after the candidates needs."""
+    if options.time_budget_s is None:
+        return Budget(None)
+    peak = record.peak_gflops
+    return Budget(
+        options.time_budget_s,
+        options.deadline + first_call_s,
+        lambda contenders: after_candidates_s(probe, contenders, peak is not None, peak),
+        after_measurement_s=(0.0 if peak is not None else 1.5) + 0.5 + _FINISH_S,
+    )
 
-    Every stage runs under `isolation`: before its deadline, and for a backend rehearsed in a
-    child process, only once the child has compiled and run it on every check and survived.
-    """
-    name = backend.name
-    stage = "prepare"
-    deadline = isolation.deadline()
-    try:
-        # prepare_s counts the shared conversions it used (the ONNX export) whoever paid them,
-        # so that every ONNX-based candidate shows what it costs on its own.
-        used_before, built_before = len(target.used), target.built()
-        seconds = 0.0
-        if isolation.rehearses(backend):
-            stage = "conversion"
-            progress.stage(f"{name}: converting")
-            _, seconds = time_once(
-                lambda: isolation.call(lambda: backend.convert(target), deadline, stage)
-            )
-            stage = "rehearsal"
-            progress.stage(f"{name}: compiling and running in a child process first")
-            try:
-                isolation.rehearse(backend, target, [c.inputs for c in checks], deadline)
-            except RehearsalUnavailable as exc:
-                isolation.fall_back(str(exc))
-            except NotRehearsable as exc:
-                isolation.notes.append(f"{name}: prepared without a rehearsal ({exc})")
-            deadline = isolation.deadline()  # compiling here gets the full time again
-            stage = "prepare"
-        progress.stage(f"{name}: preparing")
-        _, prepared = time_once(
-            lambda: isolation.call(lambda: backend.prepare(target), deadline, stage)
-        )
-        used = target.used[used_before:]
-        paid_here = target.shared_seconds([key for key in used if key not in built_before])
-        result.prepare_s = seconds + prepared - paid_here + target.shared_seconds(used)
-        stage = "first call"
-        progress.stage(f"{name}: first call")
-        outputs, seconds = time_once(
-            lambda: isolation.call(lambda: backend.run(checks[0].inputs), deadline, stage)
-        )
-        result.first_call_ms = 1e3 * seconds
-        stage = "verification"
-        progress.stage(f"{name}: verifying on {len(checks)} inputs")
-        comparison = Comparison(True, "")
-        for check in checks:
-            if check is not checks[0]:
-                outputs = isolation.call(lambda c=check: backend.run(c.inputs), deadline, stage)
-            found = compare_outputs(outputs, check.reference, options.rtol, options.atol)
-            if not found:
-                found = Comparison(
-                    False, f"on {check.label}: {found.reason}", found.max_abs_err, found.max_rel_err
-                )
-            comparison = comparison.merged(found)
-    except CandidateTimeout as exc:
-        result.status, result.reason = "timeout", str(exc)
-        progress.say(f"{name}: timed out: {result.reason}")
-        return False
-    except (CandidateCrashed, RehearsalError) as exc:
-        result.status, result.reason = "failed", str(exc)
-        progress.say(f"{name}: {result.reason}")
-        return False
-    except Exception as exc:  # a candidate's failure is reported, never raised
-        result.status, result.reason = "failed", f"{stage}: {one_line(exc)}"
-        progress.say(f"{name}: failed at {result.reason}")
-        return False
-    result.max_abs_err, result.max_rel_err = comparison.max_abs_err, comparison.max_rel_err
-    if not comparison:
-        result.status, result.reason = "mismatch", comparison.reason
-        progress.say(f"{name}: rejected, {comparison.reason}")
-        return False
-    progress.say(f"{name}: verified (relative error {comparison.max_rel_err:.1e})")
-    return True
+
+# What optimize() does after the report: releasing the run's freed memory to the OS (a full
+# garbage collection: 0.3-0.4 s after ResNet50's candidates on two cores).
+_FINISH_S = 0.5
+
+
+def _learn(record, probe, candidates, results, times, chosen: str) -> None:
+    """What this run teaches the machine's record: its costs and its choice."""
+    learn_from_run(record, probe, candidates, {r.name: r.status for r in results}, times, chosen)
+
+
+def _plan_notes(options: _Options, tried: list[str], results: list[CandidateResult]) -> list[str]:
+    """With a time budget: the order candidates were tried in, and how many were skipped."""
+    if options.time_budget_s is None:
+        return []
+    skipped = [r.name for r in results if r.status == "skipped" and "time_budget_s" in r.reason]
+    note = (
+        f"time_budget_s={options.time_budget_s:g}: candidates tried most promising first "
+        f"({', '.join(tried)})"
+    )
+    if skipped:
+        note += f"; skipped for the budget: {', '.join(skipped)} (each says why)"
+    return [note]
 
 
 def _tuned_batch_sizes(batch_sizes: tuple[int, ...] | None, signature: InputSignature):
@@ -593,10 +531,15 @@ def _measure_batches(
     batch_sizes: list[int] | None,
     options: _Options,
     progress: Progress,
+    budget: Budget | None = None,
+    call_estimates: dict[str, float] | None = None,
 ) -> dict[int, dict[str, LatencyStats]]:
     """Measure every contender at the sample's batch size (its statistics go into `results`)
     and at each other tuned batch size, on random inputs drawn like the sample. A candidate
-    that fails at any batch size is `failed` and closed. Returns {batch: {name: stats}}."""
+    that fails at any batch size is `failed` and closed. Returns {batch: {name: stats}}.
+
+    `call_estimates`: seconds per call at the sample's batch size seen in verification; a
+    candidate with one needs no warm-up there (its verification calls were its warm-up)."""
     sizes = batch_sizes or [signature.sample_batch]
     by_name = {r.name: r for r in results}
     rng = np.random.default_rng(1)
@@ -605,8 +548,20 @@ def _measure_batches(
     for i, size in enumerate(sorted(sizes, key=lambda n: n != signature.sample_batch)):
         inputs = sample if size == signature.sample_batch else signature.random_inputs(rng, size)
         where = f" at batch {size}" if batch_sizes else ""
+        limited = budget is not None and budget.limited
+        deadline = budget.deadline if limited else None
+        # Measurement stops at the end of a round once its budget is spent: one round of
+        # every contender (an untimed call and a timed one each) is kept for that.
+        round_s = sum(2 * (call_estimates or {}).get(name, 0.01) for name in contenders)
+        after = budget.after_measurement_s + round_s if limited else 0.0
+        estimates = call_estimates if size == signature.sample_batch else None
         stats, errors = _measure(
-            contenders, inputs, options.measure_budget(len(sizes) - i), progress, where
+            contenders,
+            inputs,
+            options.measure_budget(len(sizes) - i, deadline, after),
+            progress,
+            where,
+            estimates,
         )
         for name, reason in errors.items():
             by_name[name].status, by_name[name].reason = "failed", f"{reason}{where}"
@@ -629,29 +584,37 @@ def _measure(
     budget_s: float,
     progress: Progress,
     where: str = "",
+    known: dict[str, float] | None = None,
 ) -> tuple[dict[str, LatencyStats], dict[str, str]]:
     """Warm up, then time all contenders on `inputs` in interleaved rounds. Returns their
-    statistics and, for those that raised, the reason."""
+    statistics and, for those that raised, the reason. A contender whose seconds per call on
+    inputs like these are `known` (from its verification calls) needs no warm-up."""
     runners = {name: (lambda b=backend: b.run(inputs)) for name, backend in contenders.items()}
     estimates, errors = {}, {}
-    for name, runner in list(runners.items()):
-        try:
-            estimates[name] = warm_up(runner)
-        except Exception as exc:
-            errors[name] = f"warm-up: {one_line(exc)}"
-            del runners[name]
+    known = known or {}
+    with progress.timed("warm-up"):
+        for name, runner in list(runners.items()):
+            if name in known:
+                estimates[name] = known[name]
+                continue
+            try:
+                estimates[name] = warm_up(runner)
+            except Exception as exc:
+                errors[name] = f"warm-up: {one_line(exc)}"
+                del runners[name]
     progress.say(
         f"measuring {len(runners)} candidates{where} in interleaved rounds (up to {budget_s:.1f} s)"
     )
-    measured = measure_interleaved(
-        runners,
-        budget_s=budget_s,
-        per_call_estimate_s=estimates,
-        cooldown_s={name: backend.cooldown_s for name, backend in contenders.items()},
-        on_round=lambda n, t: progress.stage(
-            f"measuring{where}: round {n}, {t:.1f} of {budget_s:.1f} s", log=False
-        ),
-    )
+    with progress.timed("measurement"):
+        measured = measure_interleaved(
+            runners,
+            budget_s=budget_s,
+            per_call_estimate_s=estimates,
+            cooldown_s={name: backend.cooldown_s for name, backend in contenders.items()},
+            on_round=lambda n, t: progress.stage(
+                f"measuring{where}: round {n}, {t:.1f} of {budget_s:.1f} s", log=False
+            ),
+        )
     errors.update({name: f"measurement: {reason}" for name, reason in measured.errors.items()})
     return measured.stats, errors
 
@@ -846,7 +809,7 @@ def _gpu_notes(growth: dict) -> list[str]:
     return [note]
 
 
-def _notes(target: Target, checks: list[_Check]) -> list[str]:
+def _notes(target: Target, checks: list[Check]) -> list[str]:
     notes = [
         f"verified on {len(checks)} inputs: " + ", ".join(c.label for c in checks),
         f"an element fails when {ELEMENT_RULE}; an output fails when ||out-ref||/||ref|| > rtol",

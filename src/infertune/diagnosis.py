@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import Counter
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -21,7 +23,11 @@ from .errors import one_line
 from .measure import measure_interleaved, warm_up
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+    from contextlib import AbstractContextManager
+
     from .inputs import InputSignature
+    from .machine import MachineRecord
     from .models import ModelSource
     from .report import CandidateResult
 
@@ -31,9 +37,11 @@ __all__ = [
     "Retracing",
     "count_flops",
     "diagnose",
+    "machine_peak",
     "measure_float32_ceiling",
     "measure_retracing",
     "predict_vs_call",
+    "trace_and_count",
 ]
 
 # Share of the machine's float32 rate below which a path is overhead-bound, from which it
@@ -202,30 +210,62 @@ def _best_time(fn, seconds: float) -> float:
     return best
 
 
+# Ops that call other graph functions: the profiler does not look inside them, so a graph
+# that has any is counted after freezing (which inlines the calls).
+_CALL_OPS = ("PartitionedCall", "StatefulPartitionedCall", "While", "StatelessWhile", "If",
+             "StatelessIf", "Case", "StatelessCase")  # fmt: skip
+
+
 def count_flops(graph_function: Any, sample: list[np.ndarray]) -> tuple[int | None, str]:
     """Floating-point operations of one call at the sample's shapes, from the TF graph."""
+    flops, note, _, _ = trace_and_count(graph_function, sample)
+    return flops, note
+
+
+def trace_and_count(
+    graph_function: Any, sample: list[np.ndarray]
+) -> tuple[int | None, str, Counter, float]:
+    """Trace the model at the sample's shapes and count its floating-point operations with
+    TensorFlow's profiler. Returns the count (None if it cannot be counted), how it was
+    counted, the graph's op types and the trace's seconds.
+
+    The profiler counts from op types and static shapes only. A graph without function
+    calls is counted as traced: freezing it (variables into constants of the same shapes)
+    gives the same count, and costs several times the trace on a large model (the frozen
+    graph is copied op by op with its weights: 9 s of 11 s for ResNet50 here). A graph with
+    calls is frozen first, which inlines them."""
     import tensorflow as tf
-    from tensorflow.python.framework.convert_to_constants import (
-        convert_variables_to_constants_v2,
-    )
 
     specs = [tf.TensorSpec(a.shape, tf.as_dtype(a.dtype)) for a in sample]
     tf_logger = logging.getLogger("tensorflow")
     level = tf_logger.level
     tf_logger.setLevel(logging.ERROR)  # the v1 profiler warns that it is v1
+    op_types: Counter = Counter()
+    trace_s = 0.0
     try:
+        start = time.perf_counter()
         concrete = tf.function(graph_function).get_concrete_function(*specs)
-        frozen = convert_variables_to_constants_v2(concrete)
+        trace_s = time.perf_counter() - start
+        op_types = Counter(op.type for op in concrete.graph.get_operations())
+        graph = concrete.graph
+        if any(op_types.get(op) for op in _CALL_OPS):
+            from tensorflow.python.framework.convert_to_constants import (
+                convert_variables_to_constants_v2,
+            )
+
+            graph = convert_variables_to_constants_v2(concrete).graph
         builder = tf.compat.v1.profiler.ProfileOptionBuilder
         options = builder(builder.float_operation()).with_empty_output().build()
         profile = tf.compat.v1.profiler.profile(
-            graph=frozen.graph, run_meta=tf.compat.v1.RunMetadata(), cmd="op", options=options
+            graph=graph, run_meta=tf.compat.v1.RunMetadata(), cmd="op", options=options
         )
     except Exception as exc:  # an op the profiler cannot walk: the work stays unknown
-        return None, f"TensorFlow's profiler could not count it: {one_line(exc)}"
+        note = f"TensorFlow's profiler could not count it: {one_line(exc)}"
+        return None, note, op_types, trace_s
     finally:
         tf_logger.setLevel(level)
-    return int(profile.total_float_ops), "counted by TensorFlow's profiler from the graph"
+    note = "counted by TensorFlow's profiler from the graph"
+    return int(profile.total_float_ops), note, op_types, trace_s
 
 
 def measure_retracing(
@@ -340,10 +380,27 @@ def diagnose(
     results: list[CandidateResult],
     selected: str,
     environment: dict,
+    *,
+    flops: tuple[int | None, str] | None = None,
+    record: MachineRecord | None = None,
+    timed: Callable[[str], AbstractContextManager] | None = None,
 ) -> Diagnosis:
-    """The diagnosis part every report carries: rates of the measured paths against the peak."""
-    flops, flops_note = count_flops(source.graph_function(signature), sample)
-    peak = measure_float32_ceiling()
+    """The diagnosis part every report carries: rates of the measured paths against the peak.
+
+    `flops`: the count and its note where the run already has them (planning counts them
+    before the candidates); `record`: this machine's record, whose peak is used where one was
+    measured before (and stored once measured); `timed(stage)`: a context manager timing
+    each part (optimize()'s stage record)."""
+
+    def stage(name: str) -> AbstractContextManager:
+        return timed(name) if timed is not None else nullcontext()
+
+    if flops is None:
+        with stage("diagnosis: FLOP count"):
+            flops = count_flops(source.graph_function(signature), sample)
+    flops, flops_note = flops
+    with stage("diagnosis: machine peak"):
+        peak = machine_peak(record)
     by_name = {r.name: r for r in results}
     names = [results[0].name, "tf-function", "tf-xla", "onnxruntime-cpu", selected]
     paths = []
@@ -366,6 +423,22 @@ def diagnose(
     )
     diagnosis.advice = advise(diagnosis)
     return diagnosis
+
+
+def machine_peak(record: MachineRecord | None) -> float:
+    """The machine's float32 GFLOP/s: from its record where measured before, else measured
+    now (about a second) and recorded. A peak does not change while the CPU and the
+    libraries (part of the record's key) stay the same; it is measured again every
+    PEAK_EVERY runs, and the highest measurement stands (machine.py)."""
+    recorded = record.peak_gflops if record is not None else None
+    if recorded is not None:
+        record.use_peak()
+        return recorded
+    peak = measure_float32_ceiling()
+    if record is not None:
+        record.set_peak(peak)
+        peak = record.peak_gflops or peak  # the highest measured here
+    return peak
 
 
 def _threads_in_use(selected: CandidateResult | None) -> dict:

@@ -15,12 +15,20 @@ Two tools, chosen by optimize(isolation=...):
   compiled in this process. A child that dies makes the candidate `failed` with the signal; a
   child that does not answer in time is killed and the candidate is `timeout`.
 
+Rehearsals are submitted (`submit`) and answered later (`Rehearsal.wait`), so that this
+process converts the next candidate while the child compiles the last one: the child runs
+its jobs one after another, in the order submitted; a job's time limit starts when the child
+starts it. After a crash or a kill, the jobs queued behind the one that caused it go to a
+fresh child. One thread may submit while one other waits for verdicts (a lock keeps the
+queue and the worker consistent; the waiting thread alone reads the child's answers).
+
 The child is `python -m infertune.rehearsal_child`, with this interpreter and this sys.path.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import queue
 import shutil
@@ -30,6 +38,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -45,6 +54,7 @@ __all__ = [
     "CandidateTimeout",
     "Isolation",
     "NotRehearsable",
+    "Rehearsal",
     "RehearsalError",
     "RehearsalUnavailable",
 ]
@@ -85,7 +95,10 @@ class Isolation:
         self._worker: _Worker | None = None
         self._tmp: Path | None = None
         self._jobs = 0
+        self._queue: deque[Rehearsal] = deque()  # sent to the child, not yet answered
+        self._lock = threading.RLock()  # the queue and the worker, between two threads
         self.notes: list[str] = []  # for the report: where isolation fell back
+        self.child_seconds: dict[str, float] = {}  # each rehearsal's time in the child
 
     def deadline(self) -> float:
         """The deadline of a candidate (or of its rehearsal) that starts now."""
@@ -152,11 +165,23 @@ class Isolation:
     def rehearse(
         self, backend: Backend, target: Target, inputs: list[list[np.ndarray]], deadline: float
     ) -> None:
-        """Build `backend` from its files in the child and run it on every input there.
+        """Build `backend` from its files in the child and run it on every input there, and
+        wait for the verdict (`submit` then `Rehearsal.wait`)."""
+        allowed = None if deadline == float("inf") else deadline - time.perf_counter()
+        self.submit(backend, target, inputs, allowed).wait()
 
-        Raises CandidateCrashed or CandidateTimeout (the child is gone), RehearsalError (the
-        candidate raised there), NotRehearsable (its class does not import there),
-        RehearsalUnavailable (no child can run here).
+    def submit(
+        self,
+        backend: Backend,
+        target: Target,
+        inputs: list[list[np.ndarray]],
+        allowed_s: float | None,
+    ) -> Rehearsal:
+        """Queue `backend`'s rehearsal in the child: rebuilt from its files, run on every
+        input there, within `allowed_s` seconds from when the child starts it (None: no
+        limit). Returns at once; `wait()` on the result for the verdict.
+
+        Raises RehearsalUnavailable (no child can start here), or what save_artifact raised.
         """
         self._jobs += 1
         job = self._directory() / f"job-{self._jobs}"
@@ -176,56 +201,142 @@ class Isolation:
             (job / "job.json").write_text(json.dumps(spec))
             arrays = {f"{i}_{j}": a for i, call in enumerate(inputs) for j, a in enumerate(call)}
             np.savez(job / "inputs.npz", **arrays)
-            self._answer(job, deadline)
-        finally:
+            rehearsal = Rehearsal(self, backend.name, job, allowed_s)
+            with self._lock:
+                self._send(rehearsal)
+        except BaseException:
             shutil.rmtree(job, ignore_errors=True)
+            raise
+        return rehearsal
 
-    def _answer(self, job: Path, deadline: float) -> None:
-        if self._worker is not None and not self._worker.alive():
+    def _send(self, rehearsal: Rehearsal) -> None:
+        if self._worker is not None and not self._worker.alive() and not self._queue:
             self._worker.kill()  # died between jobs: reap it, close its log
             self._worker = None
         if self._worker is None:
             self._worker = _Worker(self._directory())
-        worker = self._worker
-        started = time.perf_counter()
+        rehearsal.sent = time.perf_counter()
+        if not self._queue and self._worker.ready:  # an idle child starts it now
+            rehearsal.started = rehearsal.sent
+        self._worker.send(str(rehearsal.job))
+        self._queue.append(rehearsal)
+
+    def _head_deadline(self) -> float:
+        """When the job the child runs now (the first in the queue) must be answered."""
+        worker, head = self._worker, self._queue[0]
+        if not worker.ready:
+            return worker.created + _START_TIMEOUT_S
+        if head.allowed_s is None or head.allowed_s >= _WAIT_MAX:
+            return float("inf")
+        started = head.started if head.started is not None else head.sent
+        return started + max(0.0, head.allowed_s)
+
+    def _pump(self, until: Rehearsal | None, give_up_at: float = math.inf) -> None:
+        """Read the child's answers: until `until` has its verdict (or `give_up_at` has
+        come), or (None) only what has arrived, without waiting. Sets each answered job's
+        outcome."""
         try:
-            worker.wait_ready(min(deadline, started + _START_TIMEOUT_S))
-        except (CandidateCrashed, CandidateTimeout) as exc:
-            worker.kill()
-            self._worker = None
-            if time.perf_counter() >= deadline:  # the candidate's time ran out, not the child's
-                raise self._timed_out("rehearsal", "the child process was not ready") from exc
-            raise RehearsalUnavailable(f"the child process did not start ({exc})") from exc
-        stage = "load"
-        try:
-            worker.send(str(job))
             while True:
-                line = worker.next_line(deadline)
-                if line is _TIMED_OUT:
-                    worker.kill()
-                    self._worker = None
-                    raise self._timed_out(stage, "rehearsed in a child process, which was killed")
-                if line is None:
-                    self._worker = None
-                    raise CandidateCrashed(
-                        f"{stage} killed the child process rehearsing it ({worker.death()})"
-                    )
-                if line.startswith("stage "):
-                    stage = line[len("stage ") :]
-                elif line == "done":
-                    return
-                elif line == "error":
-                    message = (job / "error.txt").read_text().strip()
-                    if stage == "load":
-                        raise NotRehearsable(message)
-                    raise RehearsalError(f"{stage}: {message} (in the child process rehearsing it)")
+                with self._lock:
+                    if not self._queue or (until is not None and until.outcome is not _PENDING):
+                        return
+                    worker = self._worker
+                    deadline = self._head_deadline()
+                wait_until = min(deadline, give_up_at)
+                item = worker.next_line(wait_until if until is not None else None)
+                with self._lock:
+                    if worker is not self._worker:  # closed, or replaced meanwhile
+                        continue
+                    if item is _EMPTY:  # nothing more now (not waiting)
+                        if time.perf_counter() >= deadline:
+                            self._kill_head(timed_out=True)
+                        return
+                    if item is _TIMED_OUT:
+                        if time.perf_counter() < deadline:  # given up on, not timed out
+                            return
+                        self._kill_head(timed_out=True)
+                    elif item is None:
+                        self._kill_head(timed_out=False)
+                    else:
+                        self._answer(*item)
         except BaseException:
-            # Anything unexpected (KeyboardInterrupt included) leaves a job in flight: this
+            # Anything unexpected (KeyboardInterrupt included) leaves jobs in flight: this
             # child's next lines would answer for the wrong candidate.
-            if self._worker is worker and worker.alive():
-                worker.kill()
-                self._worker = None
+            with self._lock:
+                if self._worker is not None:
+                    self._worker.kill()
+                    self._worker = None
+                for job in self._queue:
+                    job._finish(CandidateCrashed("interrupted while it was being rehearsed"), None)
+                self._queue.clear()
             raise
+
+    def _answer(self, at: float, line: str) -> None:
+        """One line of the child's for the job at the head of the queue."""
+        worker, head = self._worker, self._queue[0]
+        if line == "ready":
+            worker.ready = True
+            head.started = max(head.sent, at)
+            return
+        if head.started is None:
+            head.started = max(head.sent, at)
+        if line.startswith("stage "):
+            head.stage = line[len("stage ") :]
+            return
+        if line.startswith("took "):
+            head.took = float(line[len("took ") :])
+            return
+        if line not in ("done", "error"):
+            return  # not a protocol line
+        self._queue.popleft()
+        worker.mark_log()
+        if self._queue:  # the child starts the next job now
+            self._queue[0].started = max(self._queue[0].sent, at)
+        limit = head.started + (head.allowed_s if head.allowed_s is not None else math.inf)
+        if at > limit:  # answered, but later than allowed (this process was busy meanwhile)
+            head._finish(self._timed_out(head.stage, "rehearsed in a child process"), at)
+        elif line == "done":
+            head._finish(None, at)
+        else:
+            message = (head.job / "error.txt").read_text().strip()
+            if head.stage == "load":
+                head._finish(NotRehearsable(message), at)
+            else:
+                head._finish(
+                    RehearsalError(f"{head.stage}: {message} (in the child process rehearsing it)"),
+                    at,
+                )
+
+    def _kill_head(self, timed_out: bool) -> None:
+        """The child is stuck past the head job's time, or gone: that job's verdict; the jobs
+        behind it go to a fresh child."""
+        worker, head = self._worker, self._queue.popleft()
+        now = time.perf_counter()
+        if not worker.ready:
+            worker.kill()
+            outcome: BaseException = RehearsalUnavailable(
+                "the child process did not start" + ("" if timed_out else f" ({worker.death()})")
+            )
+        elif timed_out:
+            worker.kill()
+            outcome = self._timed_out(head.stage, "rehearsed in a child process, which was killed")
+        else:
+            outcome = CandidateCrashed(
+                f"{head.stage} killed the child process rehearsing it ({worker.death()})"
+            )
+        self._worker = None
+        head._finish(outcome, now)
+        waiting, self._queue = list(self._queue), deque()
+        if isinstance(outcome, RehearsalUnavailable):
+            for job in waiting:
+                job._finish(outcome, now)
+            return
+        for job in waiting:
+            job.started = None
+            try:
+                self._send(job)
+            except RehearsalUnavailable as exc:
+                job._finish(exc, now)
 
     def _directory(self) -> Path:
         if self._tmp is None:
@@ -234,15 +345,78 @@ class Isolation:
 
     def close(self) -> None:
         """Stop the child worker and remove every file written for it."""
+        with self._lock:
+            self._close()
+
+    def _close(self) -> None:
         if self._worker is not None:
-            self._worker.stop()
+            # Jobs nobody waits for any more, or none ever sent (it may still be importing:
+            # nothing to wait for).
+            if self._queue or not self._jobs:
+                self._worker.kill()
+            else:
+                self._worker.stop()
             self._worker = None
+        self._queue.clear()
         if self._tmp is not None:
             shutil.rmtree(self._tmp, ignore_errors=True)
             self._tmp = None
 
 
-_TIMED_OUT = object()
+_TIMED_OUT = object()  # no line before the deadline
+_EMPTY = object()  # no line now (a look without waiting)
+_PENDING = object()  # a rehearsal not answered yet
+
+
+class Rehearsal:
+    """One candidate's rehearsal, submitted to the child process; `wait()` for its verdict."""
+
+    def __init__(self, isolation: Isolation, name: str, job: Path, allowed_s: float | None):
+        self._isolation = isolation
+        self.name = name
+        self.job = job
+        self.allowed_s = allowed_s
+        self.stage = "load"
+        self.sent = 0.0
+        self.started: float | None = None  # perf_counter when the child began it
+        self.finished: float | None = None
+        self.took: float | None = None  # seconds, as the child measured them
+        self.outcome: Any = _PENDING
+
+    def done(self) -> bool:
+        """Whether the verdict is in (reads what the child has said, without waiting)."""
+        if self.outcome is _PENDING:
+            self._isolation._pump(None)
+        return self.outcome is not _PENDING
+
+    def wait(self, give_up_at: float = math.inf) -> bool:
+        """True once the child ran it on every input and survived; False if no verdict came
+        by `give_up_at` (it stays queued). Else raises CandidateCrashed or CandidateTimeout
+        (the child is gone), RehearsalError (the candidate raised there), NotRehearsable
+        (its class does not import there), RehearsalUnavailable (no child can run here)."""
+        if self.outcome is _PENDING:
+            self._isolation._pump(self, give_up_at)
+        if self.outcome is _PENDING:
+            return False
+        if self.outcome is not None:
+            raise self.outcome
+        return True
+
+    @property
+    def child_s(self) -> float | None:
+        """Seconds the child spent on it, once answered (its own measurement)."""
+        if self.took is not None:
+            return self.took
+        if self.started is None or self.finished is None:
+            return None
+        return max(0.0, self.finished - self.started)
+
+    def _finish(self, outcome: BaseException | None, at: float | None) -> None:
+        self.outcome = outcome
+        self.finished = at
+        if self.child_s is not None:
+            self._isolation.child_seconds[self.name] = self.child_s
+        shutil.rmtree(self.job, ignore_errors=True)
 
 
 class _Worker:
@@ -267,42 +441,43 @@ class _Worker:
         except (OSError, ValueError) as exc:
             self._log.close()
             raise RehearsalUnavailable(f"cannot start {python} ({exc})") from exc
-        self._lines: queue.Queue[str | None] = queue.Queue()
-        self._ready = False
+        self._lines: queue.Queue[tuple[float, str] | None] = queue.Queue()
+        self.created = time.perf_counter()
+        self.ready = False
         self._log_start = 0  # where the current job's part of the log begins
         threading.Thread(target=self._read, name="infertune rehearsal reader", daemon=True).start()
 
     def _read(self) -> None:
         for line in self._process.stdout:
-            self._lines.put(line.strip())
+            self._lines.put((time.perf_counter(), line.strip()))
         self._lines.put(None)  # end of output: the child is gone
 
     def alive(self) -> bool:
         return self._process.poll() is None
 
-    def wait_ready(self, deadline: float) -> None:
-        while not self._ready:
-            line = self.next_line(deadline)
-            if line is _TIMED_OUT:
-                raise CandidateTimeout("no answer")
-            if line is None:
-                raise CandidateCrashed(self.death())
-            self._ready = line == "ready"
-
     def send(self, text: str) -> None:
-        self._log_start = self._log_path.stat().st_size
-        self._process.stdin.write(text + "\n")
-        self._process.stdin.flush()
-
-    def next_line(self, deadline: float) -> Any:
-        """The child's next line, None once it is gone, or _TIMED_OUT at the deadline."""
-        wait = deadline - time.perf_counter()
         try:
-            if wait == float("inf"):
+            self._process.stdin.write(text + "\n")
+            self._process.stdin.flush()
+        except OSError:  # already gone: its end of output says how
+            pass
+
+    def mark_log(self) -> None:
+        """The next job's part of the log begins here (for death()'s last words)."""
+        self._log_start = self._log_path.stat().st_size
+
+    def next_line(self, deadline: float | None) -> Any:
+        """(arrival time, line) of the child's next line; None once it is gone; _TIMED_OUT
+        at the deadline; with deadline None, _EMPTY where no line has arrived yet."""
+        try:
+            if deadline is None:
+                return self._lines.get_nowait()
+            wait = deadline - time.perf_counter()
+            if wait >= _WAIT_MAX:
                 return self._lines.get()
             return self._lines.get(timeout=max(0.0, wait))
         except queue.Empty:
-            return _TIMED_OUT
+            return _EMPTY if deadline is None else _TIMED_OUT
 
     def death(self) -> str:
         """How the child ended, for a report: the signal or exit status, and its last words."""

@@ -2,14 +2,19 @@
 
 On a terminal, a live line (rich) shows the candidate, the stage and the elapsed time, with
 finished events printed above it; elsewhere (logs, CI, pipes), one plain line per event.
-`verbose=False` silences both.
+`verbose=False` silences both. Whatever the verbosity, `timed()` stages are recorded in
+`times` (stages.py): the report's breakdown of where the run's time went.
 """
 
 from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TextIO
+
+from .stages import StageTimes
 
 __all__ = ["Progress"]
 
@@ -24,6 +29,7 @@ class Progress:
         self.current = ""
         self._console = None
         self._status = None
+        self.times = StageTimes()
 
     def __enter__(self) -> Progress:
         if self.verbose and _is_terminal(self.stream):
@@ -49,6 +55,20 @@ class Progress:
         self.current = text
         if self._status is None and log:
             self.say(text)
+
+    @contextmanager
+    def timed(
+        self, stage: str, candidate: str | None = None, *, text: str | None = None
+    ) -> Iterator[None]:
+        """Time the block as `stage` (of `candidate`, or shared), raised or not; `text`, if
+        given, is shown as what runs now."""
+        if text is not None:
+            self.stage(text)
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.times.add(stage, time.perf_counter() - start, candidate)
 
     def say(self, message: str) -> None:
         """An event worth keeping in the log: a verdict, a failure, a choice."""

@@ -1,10 +1,11 @@
 """The child process of isolation.py: rebuilds candidates from their files and runs them.
 
 Protocol: the parent writes one job directory per line on stdin; the child answers on stdout
-with `stage <name>` lines as it goes (load, compile, first call, verification), then `done`,
-or `error` after writing error.txt. It says `ready` once its imports are done, and exits at
-the end of its input, or within a second of its parent's death (a hung compile included),
-removing the parent's isolation directory (argv[1]) that the dead parent cannot remove.
+with `stage <name>` lines as it goes (load, compile, first call, verification), then
+`took <seconds>` (the job's own time, measured here: the parent may read its lines late),
+then `done`, or `error` after writing error.txt. It says `ready` once its imports are done,
+and exits at the end of its input, or within a second of its parent's death (a hung compile
+included), removing the parent's isolation directory (argv[1]) that the dead parent cannot remove.
 Whatever native libraries print goes to stderr (the parent's log), never into the protocol.
 """
 
@@ -39,6 +40,7 @@ def main() -> None:
     say("ready")
     for line in sys.stdin:
         job = Path(line.strip())
+        start = time.perf_counter()
         try:
             answer = _rehearse(job, say)
         except Exception as exc:  # the parent reports it as the candidate's failure
@@ -47,6 +49,7 @@ def main() -> None:
         # Give back what the job held before answering: the parent compiles the same model
         # next, and the two processes should not hold two copies of it for long.
         release_freed_memory()
+        say(f"took {time.perf_counter() - start:.6f}")
         say(answer)
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from .diagnosis import Diagnosis
 from .measure import LatencyStats
+from .stages import StageTimes
 
 __all__ = ["BatchResult", "CandidateResult", "Report", "STATUSES"]
 
@@ -126,6 +127,13 @@ class Report:
     from_cache: bool = False  # returned by optimize(cache=...) from an earlier tuning run
     batches: list[BatchResult] = field(default_factory=list)  # one per tuned batch size
     latency_budget_ms: float | None = None
+    stages: StageTimes | None = None  # where total_s went, stage by stage
+
+    def stage_summary(self) -> str:
+        """A few lines on where optimize()'s time went (the largest stages)."""
+        if self.stages is None:
+            return f"optimize() took {self.total_s:.1f} s (no stage breakdown recorded)"
+        return self.stages.summary()
 
     @property
     def backends_by_batch(self) -> dict[int, str]:
@@ -219,17 +227,21 @@ class Report:
             "backends_by_batch": {str(k): v for k, v in self.backends_by_batch.items()},
             "latency_budget_ms": self.latency_budget_ms,
             "max_batch_size_within_budget": self.max_batch_size_within_budget,
+            "stages": self.stages.to_dict() if self.stages else None,
         }
 
     @classmethod
     def from_dict(cls, data: dict) -> Report:
         """A report read back from `to_dict()` output (for example a saved JSON file)."""
-        skip = ("candidates", "diagnosis", "batches")
+        skip = ("candidates", "diagnosis", "batches", "stages")
         fields = {k: data[k] for k in cls.__dataclass_fields__ if k in data and k not in skip}
         candidates = [CandidateResult.from_dict(c) for c in data.get("candidates", [])]
         diagnosis = Diagnosis.from_dict(data["diagnosis"]) if data.get("diagnosis") else None
         batches = [BatchResult.from_dict(b) for b in data.get("batches", [])]
-        return cls(**fields, candidates=candidates, diagnosis=diagnosis, batches=batches)
+        stages = StageTimes.from_dict(data["stages"]) if data.get("stages") else None
+        return cls(
+            **fields, candidates=candidates, diagnosis=diagnosis, batches=batches, stages=stages
+        )
 
     @classmethod
     def from_json(cls, path: str | Path) -> Report:
@@ -294,6 +306,8 @@ class Report:
         for note in self.notes:
             lines.append(f"note: {note}")
         lines.append(f"optimize() took {self.total_s:.1f} s")
+        if self.stages is not None:
+            lines.extend("  " + line for line in self.stages.summary().splitlines())
         if self.diagnosis is not None:
             lines.extend(["", str(self.diagnosis)])
         return "\n".join(lines)

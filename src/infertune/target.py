@@ -34,6 +34,10 @@ class Target:
     _seconds: dict[str, float] = field(default_factory=dict, repr=False)
     used: list[str] = field(default_factory=list, repr=False)  # keys, in order of use
     _building: set[str] = field(default_factory=set, repr=False)
+    _spans: dict[str, tuple[float, float]] = field(default_factory=dict, repr=False)
+    _offloaded: dict[str, Any] = field(default_factory=dict, repr=False)
+    notes: list[str] = field(default_factory=list, repr=False)  # for the report
+    offloaded_seconds: dict[str, float] = field(default_factory=dict, repr=False)
 
     def shared(self, key: str, build: Callable[[], Any]) -> Any:
         """Build a conversion once and share it (or its failure) between backends."""
@@ -47,16 +51,49 @@ class Target:
             self._building.add(key)
             start = time.perf_counter()
             try:
-                self._shared[key] = (True, build())
+                self._shared[key] = (True, self._offloaded_or(key, build))
             except Exception as exc:
                 self._shared[key] = (False, exc)
             finally:
                 self._building.discard(key)
-            self._seconds[key] = time.perf_counter() - start
+            end = time.perf_counter()
+            self._seconds[key] = end - start
+            self._spans[key] = (start, end)
         ok, value = self._shared[key]
         if not ok:
             raise value
         return value
+
+    def offload(self, key: str, conversion: Any) -> None:
+        """`key` is being built elsewhere (tf_worker.OffloadedConversion): shared(key) takes
+        its result instead of building it here, or builds it here if that failed."""
+        self._offloaded[key] = conversion
+
+    def _offloaded_or(self, key: str, build: Callable[[], Any]) -> Any:
+        conversion = self._offloaded.pop(key, None)
+        if conversion is None:
+            return build()
+        try:
+            value = conversion.result()
+        except Exception as exc:  # said in the report; the conversion is made here instead
+            self.notes.append(
+                f"the {key} conversion in a worker process failed ({exc}); made here instead"
+            )
+            return build()
+        finally:
+            conversion.close()
+        self.offloaded_seconds[key] = conversion.worker_s
+        self.notes.append(
+            f"the {key} conversion was made in a worker process beside this one "
+            f"({conversion.worker_s:.1f} s there)"
+        )
+        return value
+
+    def close_offloaded(self) -> None:
+        """Stop the conversions still being built elsewhere that nothing waited for."""
+        for conversion in self._offloaded.values():
+            conversion.close()
+        self._offloaded.clear()
 
     def preload(self, key: str, value: Any) -> None:
         """Provide a conversion already built (read from a saved artifact) under `key`."""
@@ -76,6 +113,15 @@ class Target:
     def shared_seconds(self, keys: list[str]) -> float:
         """What building these shared conversions cost, whoever paid for it."""
         return sum(self._seconds.get(key, 0.0) for key in set(keys))
+
+    def built_between(self, start: float, end: float) -> dict[str, float]:
+        """The shared conversions built within [start, end] (perf_counter), with their
+        seconds: the part of a stage that was shared work, not the candidate's own."""
+        return {
+            key: b - a
+            for key, (a, b) in self._spans.items()
+            if a >= start and b <= end  # a build abandoned earlier ends inside no stage
+        }
 
     def shared_value(self, key: str) -> Any | None:
         """A shared conversion that was already built successfully, else None."""

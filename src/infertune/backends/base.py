@@ -62,6 +62,12 @@ class Backend(ABC):
     # TensorFlow. Read from the class itself, never inherited: a subclass may build itself
     # differently from what its files carry, so it says so on its own.
     rehearse_in_child: ClassVar[bool] = False
+    # For the order and the time budget (planning.py): the shared conversions (Target keys)
+    # its prepare() builds, counted once for every candidate that needs them, and what its
+    # own conversion, compile and rehearsal cost, in units of one trace of the model (the
+    # trace's time grows with the graph and the machine's speed as theirs do).
+    conversions: ClassVar[tuple[str, ...]] = ()
+    relative_cost: ClassVar[float] = 1.0
 
     def available(self) -> str | None:
         """None if this backend can run here, else a one-line reason why not."""

@@ -21,6 +21,7 @@ class KerasEager(Backend):
     """Eager `model(x)` for Keras models; for a tf.Module or tf.function, the call as given."""
 
     name = "keras-eager"
+    relative_cost = 0.0
     runtime_packages = ("tensorflow", "keras")
 
     def __init__(self, name: str = "keras-eager"):

@@ -16,6 +16,7 @@ match fails prepare() instead of guessing an order.
 from __future__ import annotations
 
 import importlib.util
+import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -28,7 +29,13 @@ from ..environment import usable_cores
 from ..models import tensor_specs
 from .base import Backend, Target
 
-__all__ = ["LiteRT", "litert_variants"]
+__all__ = [
+    "LiteRT",
+    "build_conversion",
+    "litert_variants",
+    "read_conversion",
+    "write_conversion",
+]
 
 _INSTALL = "pip install 'infertune[litert]'"
 
@@ -47,9 +54,20 @@ class LiteRT(Backend):
     same way). A model whose fixed conversion fails runs every size on the free one, and so
     does one whose two conversions have the same operators (nothing folded: a second copy of
     the weights for nothing, 200 MB more for a model of 100 MB of weights).
+
+    The fixed conversion is not even made where the free model reads no tensor's shape at
+    run time (no SHAPE or RANK operator, no control flow whose subgraphs could): all it could
+    fold is such shape arithmetic, every shape the free model uses is a constant already, so
+    the fixed conversion would have the same operators and the rule above would drop it.
+    That saves a whole conversion (6 s of MobileNetV2's tuning on two cores, 11 s of
+    ResNet50's), decided from the free model's operator list alone. On ResNet50, MobileNetV2
+    and the tests' dense and convolutional models both conversions were made and compared:
+    the same operators each time (tests/test_litert.py checks it where this decides).
     """
 
     name = "litert"
+    conversions = ("tflite",)
+    relative_cost = 0.5
     requires = "litert"
     runtime_packages = ("ai-edge-litert",)
     rehearse_in_child = True
@@ -68,8 +86,9 @@ class LiteRT(Backend):
         self._fixed: Converted | None = None
         if all(None not in spec.shape for spec in target.signature.specs):
             return  # the model fixes every dimension: the first conversion is the fixed one
+        free = self._converted
         try:
-            self._fixed = target.shared("tflite-fixed", lambda: _convert(target, fixed=True))
+            self._fixed = target.shared("tflite-fixed", lambda: _convert_fixed(target, free))
         except Exception:  # the free-batch model runs the sample's shape too
             self._fixed = None
 
@@ -365,6 +384,46 @@ def _convert(target: Target, fixed: bool = False) -> Converted:
     converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS]
     names = tuple(_tensor_name(tensor.name) for tensor in concrete.outputs)
     return Converted(converter.convert(), names)
+
+
+# The free-batch conversion ("tflite"), built by a worker process (tf_worker.py): the same
+# function, its result written to files and read back.
+def build_conversion(target: Target) -> Converted:
+    return _convert(target)
+
+
+def write_conversion(converted: Converted, directory: Path) -> None:
+    (directory / "model.tflite").write_bytes(converted.content)
+    (directory / "output_names.json").write_text(json.dumps(list(converted.output_names)))
+
+
+def read_conversion(directory: Path) -> Converted:
+    names = tuple(json.loads((directory / "output_names.json").read_text()))
+    return Converted((directory / "model.tflite").read_bytes(), names)
+
+
+def _convert_fixed(target: Target, free: Converted) -> Converted | None:
+    """The conversion at the sample's exact shapes, or None where it would fold nothing: the
+    free-batch model reads no shape at run time (see LiteRT)."""
+    if not reads_shapes(free, len(target.signature.specs), len(target.output_dtypes)):
+        return None
+    return _convert(target, fixed=True)
+
+
+# Operators that read a tensor's shape at run time (what a fixed conversion folds away), and
+# control flow, whose subgraphs the operator list does not show.
+_SHAPE_READERS = {"SHAPE", "RANK", "BROADCAST_ARGS", "WHILE", "IF", "CALL_ONCE"}
+
+
+def reads_shapes(converted: Converted, inputs: int, outputs: int) -> bool:
+    """Whether the converted model may compute a shape at run time (True where its operators
+    cannot be read)."""
+    interpreters = _Interpreters(converted, 1, inputs, outputs)
+    try:
+        ops = _ops(interpreters)
+    finally:
+        interpreters.close()
+    return ops is None or bool(_SHAPE_READERS & set(ops))
 
 
 def _ops(interpreters: _Interpreters) -> list[str] | None:

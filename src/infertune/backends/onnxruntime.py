@@ -79,6 +79,8 @@ class OnnxRuntimeCpu(Backend):
     """An InferenceSession with the CPU execution provider and the given session settings."""
 
     name = "onnxruntime-cpu"
+    conversions = ("onnx",)
+    relative_cost = 0.6  # a session compiled twice (rehearsal, then here)
     provider = "CPUExecutionProvider"
     requires = "cpu"  # or gpu/tensorrt: onnxruntime-gpu has the CPU provider too
     runtime_packages = ("onnxruntime",)
@@ -172,6 +174,7 @@ class OnnxRuntimeCpuInt8(OnnxRuntimeCpu):
     with the settings above (`precision_note` says them in words)."""
 
     name = "onnxruntime-cpu-int8"
+    conversions = ("onnx", "onnx-int8")
     precision = "int8"
     rehearse_in_child = True  # the saved model.onnx is the quantized one: it loads as it ran
     # How it reduces precision, in words a person reading a report or a manifest understands.

@@ -44,6 +44,8 @@ class OpenVinoCpu(Backend):
     """
 
     name = "openvino-cpu"
+    conversions = ("onnx",)
+    relative_cost = 2.0  # OpenVINO compiles the graph twice, JIT kernels included
     precision = "fp32"
     requires = "openvino"
     runtime_packages = ("openvino",)

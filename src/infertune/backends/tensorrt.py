@@ -138,6 +138,8 @@ class TensorRtEngine(Backend):
     """A TensorRT engine for the ONNX export, one execution context, one CUDA stream."""
 
     name = "tensorrt"
+    conversions = ("onnx",)
+    relative_cost = 30.0  # an engine build takes minutes
     requires = "tensorrt"
     runtime_packages = ("tensorrt", "cuda-python")
     rehearse_in_child = True  # the child builds the engine into the cache; this process loads it

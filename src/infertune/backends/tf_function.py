@@ -19,6 +19,7 @@ class TfFunction(Backend):
     """The model as one TensorFlow graph: no per-op Python dispatch, no per-call retracing."""
 
     name = "tf-function"
+    relative_cost = 1.5  # one trace, and its first call
     jit_compile = False
     runtime_packages = ("tensorflow",)
 

@@ -11,4 +11,5 @@ class TfXla(TfFunction):
     """XLA-compiled graph. Its first call on each input shape pays the compilation."""
 
     name = "tf-xla"
+    relative_cost = 4.0  # XLA compiles at the first call, and again at another batch size
     jit_compile = True

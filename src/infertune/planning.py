@@ -1,0 +1,210 @@
+"""The order candidates are tried in, and what each is expected to cost: what a time budget
+decides from before converting anything.
+
+What is known then (the `Probe`): the model's arithmetic per call and its op types (counted
+from one trace of the model at the sample's shapes, the count the diagnosis reports), how
+long that trace took (the graph's size times this machine's speed now: conversions and
+compiles scale with it), and the model's own call time. What earlier runs on this machine
+learned (machine.py): how far each estimate was off here, and which candidates were chosen
+for models of the same kind.
+
+Order: the candidates most likely to win first. A model doing much arithmetic per call
+(compute-bound) is won by the runtimes with the best kernels (OpenVINO, LiteRT/XNNPACK, then
+ONNX Runtime); a light one (overhead-bound) by the lowest per-call floor (ONNX Runtime,
+LiteRT), docs/benchmarks.md. Families chosen before on this machine for models of the same
+kind come first; variants of one family follow its default, once its conversion is built
+they cost little. Estimates: each shared conversion once (an ONNX export serves every ONNX
+Runtime and OpenVINO candidate), plus the candidate's own compile, plus its calls.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+from .backends.base import Backend
+from .machine import MachineRecord
+from .stages import StageTimes
+
+__all__ = [
+    "CONVERSION_COSTS",
+    "CONVERSION_STAGES",
+    "Probe",
+    "after_candidates_s",
+    "candidate_call_s",
+    "conversion_estimate_s",
+    "estimate_s",
+    "family",
+    "learn_from_run",
+    "order_candidates",
+    "regime",
+]
+
+# A model whose call does at least this much arithmetic is compute-bound on CPUs like these
+# (MobileNetV2 224: 0.6 GFLOP; the small CNN: 0.5 MFLOP; the 10-50-1 MLP at batch 1000: 1 MFLOP).
+COMPUTE_BOUND_FLOPS = 50e6
+
+# Families, most likely to win first (FIELD_NOTES' baselines, docs/benchmarks.md).
+_ORDER = {
+    "compute": ["openvino-cpu", "litert", "onnxruntime-cpu", "tf-xla", "tf-function"],
+    "overhead": ["onnxruntime-cpu", "litert", "openvino-cpu", "tf-xla", "tf-function"],
+}
+# Graph ops that LiteRT's builtin converter fails on or runs outside XNNPACK (loops, tensor
+# lists): where the graph has them, LiteRT goes last.
+_LITERT_HARD = ("While", "StatelessWhile", "If", "StatelessIf", "TensorListReserve")
+
+# Shared conversions: (seconds whatever the model, seconds per second of one trace of it),
+# measured on the 2-core machine (ResNet50, MobileNetV2, the small CNN), before corrections.
+CONVERSION_COSTS = {
+    "onnx": (0.5, 7.0),
+    "tflite": (0.5, 5.0),
+    "onnx-int8": (0.3, 2.0),
+}
+# Calls a candidate makes before it is measured: its first call and the verification inputs,
+# in this process and in the rehearsal child.
+_CALL_FACTOR = 2.5
+
+
+@dataclass
+class Probe:
+    """What is known of the model before any candidate converts it."""
+
+    flops: int | None  # per call at the sample's shapes; None: not countable
+    flops_note: str
+    op_types: Counter = field(default_factory=Counter)
+    trace_s: float = 0.0  # one trace of the model at the sample's shapes, here, now
+    call_s: float = 0.0  # the model's own call on the sample (steady, not the first)
+    checks: int = 1  # verification inputs
+
+    @property
+    def regime(self) -> str:
+        return regime(self.flops)
+
+
+def regime(flops: int | None) -> str:
+    """'compute' or 'overhead': the kind of model, for the order and for the record of wins."""
+    return "compute" if flops is not None and flops >= COMPUTE_BOUND_FLOPS else "overhead"
+
+
+def family(name: str) -> str:
+    """A candidate's family: its name without the variant (`onnxruntime-cpu:threads=1`)."""
+    return name.split(":")[0]
+
+
+def order_candidates(
+    backends: list[Backend], probe: Probe, record: MachineRecord | None
+) -> list[Backend]:
+    """`backends` in the order to try them: most promising first (see the module doc)."""
+    base = _ORDER[probe.regime]
+    wins = record.wins(probe.regime) if record is not None else {}
+    hard_for_litert = any(probe.op_types.get(op) for op in _LITERT_HARD)
+
+    def key(indexed: tuple[int, Backend]) -> tuple:
+        index, backend = indexed
+        fam = family(backend.name)
+        known = fam in base
+        rank = base.index(fam) if known else len(base)
+        if fam == "litert" and hard_for_litert:
+            rank = len(base)
+        return (
+            backend.precision != "fp32",  # reduced precision after every exact candidate
+            -min(wins.get(fam, 0), 3),  # chosen here before for models like this one
+            rank,
+            index,  # the registry's order: a family's default before its variants
+        )
+
+    return [b for _, b in sorted(enumerate(backends), key=key)]
+
+
+def estimate_s(
+    backend: Backend,
+    probe: Probe,
+    built: set[str],
+    record: MachineRecord | None,
+) -> tuple[float, str]:
+    """Seconds `backend` would take from now to verified (shared conversions in `built` are
+    free), and how that was estimated, in words."""
+    parts = []
+    total = 0.0
+    for key in backend.conversions:
+        if key in built:
+            continue
+        seconds = conversion_estimate_s(key, probe, record)
+        parts.append(f"{key} conversion ~{seconds:.1f} s")
+        total += seconds
+    own = backend.relative_cost * probe.trace_s + _CALL_FACTOR * probe.checks * probe.call_s
+    own = _corrected(f"candidate {family(backend.name)}", own, record)
+    parts.append(f"compile and verification ~{own:.1f} s")
+    total += own
+    return total, " + ".join(parts)
+
+
+def conversion_estimate_s(key: str, probe: Probe, record: MachineRecord | None) -> float:
+    """Seconds the shared conversion `key` is expected to take here."""
+    fixed, per_trace = CONVERSION_COSTS.get(key, (1.0, 5.0))
+    return _corrected(f"conversion {key}", fixed + per_trace * probe.trace_s, record)
+
+
+def _corrected(kind: str, seconds: float, record: MachineRecord | None) -> float:
+    factor = record.correction(kind) if record is not None else None
+    return seconds * (factor if factor is not None else 1.0)
+
+
+def candidate_call_s(probe: Probe, peak_gflops: float | None) -> float:
+    """A candidate's likely seconds per call: the model's own (eager) call bounds it; a
+    compiled runtime runs the arithmetic at a quarter of the machine's peak or better, plus
+    a millisecond of overhead."""
+    if probe.flops is None:
+        return probe.call_s
+    rate = (peak_gflops or 100.0) * 1e9 * 0.25
+    return min(probe.call_s, probe.flops / rate + 1e-3) if probe.call_s else probe.flops / rate
+
+
+def after_candidates_s(
+    probe: Probe, contenders: int, peak_known: bool, peak_gflops: float | None
+) -> float:
+    """Seconds the work after the candidates needs at least: two interleaved rounds of
+    measurement (each candidate's block is an untimed call and a timed one, the model's own
+    among them), the machine's peak where not known yet, and the selection and report."""
+    call = candidate_call_s(probe, peak_gflops)
+    rounds = 2 * (2 * probe.call_s + contenders * (2 * call + 0.07))
+    return rounds + (0.0 if peak_known else 1.5) + 0.5
+
+
+def learn_from_run(
+    record: MachineRecord,
+    probe: Probe,
+    candidates: list[tuple[type[Backend], str]],
+    statuses: dict[str, str],
+    times: StageTimes,
+    chosen: str,
+) -> None:
+    """Fold this run's costs (actual against estimated, before corrections) and its choice
+    into the machine's record, and save it."""
+    for stage, seconds in times.shared.items():
+        key = next((k for k, name in CONVERSION_STAGES.items() if name == stage), None)
+        if key is not None and key in CONVERSION_COSTS:
+            fixed, per_trace = CONVERSION_COSTS[key]
+            record.learn_cost(f"conversion {key}", fixed + per_trace * probe.trace_s, seconds)
+    for cls, name in candidates:
+        if statuses.get(name) not in ("ok", "selected", "mismatch") or name not in times.candidates:
+            continue
+        raw = cls.relative_cost * probe.trace_s + _CALL_FACTOR * probe.checks * probe.call_s
+        # Its work wherever it ran (this thread, the background thread, the rehearsal
+        # child), not this thread's wall time alone: how much overlapped depends on what
+        # else the run had to do, and under a budget it may be little.
+        own = {k: v for k, v in times.candidates[name].items() if k != "waiting"}
+        work = sum(own.values()) + sum(times.background.get(name, {}).values())
+        if raw > 0:
+            record.learn_cost(f"candidate {family(name)}", raw, work)
+    record.learn_win(probe.regime, family(chosen))
+    record.save()
+
+
+# The report's names of the shared conversions' stages (preparing.shared_stage).
+CONVERSION_STAGES = {
+    "onnx": "ONNX export",
+    "onnx-int8": "int8 quantization",
+    "tflite": "TFLite conversion",
+    "tflite-fixed": "TFLite conversion at the sample's shapes",
+}

@@ -1,0 +1,601 @@
+"""Prepare and verify the candidates: in the order most likely to pay, within the time budget,
+with the rehearsal child working while this process converts.
+
+Each candidate goes through its stages (stages.py): conversion, rehearsal (for the native
+runtimes, isolation.py), compile, first call, verification. A rehearsed candidate's rehearsal
+is submitted to the child process as soon as its files exist; this process goes on with the
+next candidate's conversion (an ONNX export, a TFLite conversion: the longest stages) and
+compiles the rehearsed one here once the child has answered. Only a candidate whose rehearsal
+survived is ever compiled in this process.
+
+With a time budget, a candidate is started only when its estimated cost (planning.py) fits in
+what is left after the measurement and the diagnosis have their share; one that does not is
+`skipped`, and the report and the progress lines say how much it needed and how much was left.
+A stage still running at the budget's end is abandoned (as at candidate_timeout_s) and the
+candidate is `skipped`, said so.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import time
+from collections import Counter
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FuturesTimeout
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .backends import Backend
+from .errors import one_line
+from .isolation import (
+    CandidateCrashed,
+    CandidateTimeout,
+    Isolation,
+    NotRehearsable,
+    Rehearsal,
+    RehearsalError,
+    RehearsalUnavailable,
+)
+from .machine import MachineRecord
+from .planning import (
+    CONVERSION_STAGES,
+    Probe,
+    conversion_estimate_s,
+    estimate_s,
+    order_candidates,
+)
+from .progress import Progress
+from .report import CandidateResult
+from .target import Target
+from .tf_worker import OFFLOADABLE, OffloadedConversion
+from .verify import Comparison, compare_outputs
+
+__all__ = ["Budget", "Check", "prepare_all"]
+
+
+def shared_stage(key: str) -> str:
+    """A shared conversion's (Target key's) name as a stage of the report."""
+    return CONVERSION_STAGES.get(key, f"conversion {key}")
+
+
+@dataclass
+class Check:
+    """One verification input and the reference outputs for it."""
+
+    label: str
+    inputs: list[np.ndarray]
+    reference: list[np.ndarray]
+
+
+@dataclass
+class Budget:
+    """optimize()'s time budget: its deadline (the model's own first call excluded) and what
+    the work after the candidates needs (`after_s(contenders)`: measurement and diagnosis)."""
+
+    time_budget_s: float | None
+    deadline: float = math.inf
+    after_s: Callable[[int], float] = lambda contenders: 0.0
+    after_measurement_s: float = 0.0  # the diagnosis and the report, after the measurement
+
+    @property
+    def limited(self) -> bool:
+        return self.time_budget_s is not None
+
+    def left_s(self) -> float:
+        return self.deadline - time.perf_counter()
+
+    def candidates_end(self, contenders: int) -> float:
+        """When the candidates' stages must be done, so that the measurement and the
+        diagnosis of `contenders` candidates still fit before the deadline."""
+        return self.deadline - self.after_s(contenders)
+
+
+@dataclass
+class _Candidate:
+    """A candidate on its way through its stages."""
+
+    backend: Backend
+    result: CandidateResult
+    stage: str = "conversion"
+    deadline: float = math.inf  # of its current phase (candidate_timeout_s, the budget)
+    rehearsal: Rehearsal | None = None
+    future: Future | None = None  # what the background thread does for it
+    seconds: dict[str, float] = field(default_factory=dict)  # its own, by stage
+    estimate: tuple[float, str] | None = None
+
+
+@dataclass
+class _Run:
+    """What every candidate's preparation shares."""
+
+    target: Target
+    checks: list[Check]
+    options: Any  # api._Options: rtol, atol, precisions
+    progress: Progress
+    isolation: Isolation
+    budget: Budget
+    probe: Probe | None
+    record: MachineRecord | None
+    contenders: dict[str, Backend] = field(default_factory=dict)
+    call_estimates: dict[str, float] = field(default_factory=dict)  # s per call, sample batch
+    estimates: dict[str, float] = field(default_factory=dict)  # planned seconds, by name
+    started: int = 0  # candidates started besides the reference
+
+
+def prepare_all(
+    candidates: list[Backend],
+    target: Target,
+    checks: list[Check],
+    results: list[CandidateResult],
+    options: Any,
+    progress: Progress,
+    isolation: Isolation,
+    budget: Budget,
+    probe: Probe | None = None,
+    record: MachineRecord | None = None,
+) -> tuple[dict[str, Backend], dict[str, float], list[str]]:
+    """Prepare and verify each candidate (the reference first, then the others in the planned
+    order); `results` gets one entry per candidate, in the order given. Returns the verified
+    candidates by name, their seconds per call on the sample seen in verification (for the
+    measurement's warm-up), and the names in the order they were tried."""
+    run = _Run(target, checks, options, progress, isolation, budget, probe, record)
+    states = []
+    for backend in candidates:
+        result = CandidateResult(name=backend.name, status="ok", precision=backend.precision)
+        results.append(result)
+        states.append(_Candidate(backend, result))
+    reference, others = states[0], states[1:]
+    # The model itself runs as the caller runs it, in this thread, with no deadline.
+    if _admitted(reference, options) and _in_process(reference, run, Isolation("off", None)):
+        run.contenders[reference.backend.name] = reference.backend
+    isolation.start()  # the child's imports overlap the next candidate's conversion
+    if probe is not None:
+        by_backend = {id(s.backend): s for s in others}
+        ordered = order_candidates([s.backend for s in others], probe, record)
+        others = [by_backend[id(b)] for b in ordered]
+    if not budget.limited and isolation.mode != "off":
+        # Every candidate is tried, so the order only decides what overlaps: those compiled
+        # in this process first (their first calls, XLA's compile, run in the background
+        # while this thread converts), then the conversion that most candidates wait for
+        # (the ONNX export: every ONNX Runtime and OpenVINO candidate is rehearsed and
+        # compiled while the next conversion runs here).
+        needs = Counter(k for s in others for k in s.backend.conversions[:1])
+        others.sort(
+            key=lambda s: (
+                isolation.rehearses(s.backend),
+                -needs[s.backend.conversions[0]] if s.backend.conversions else 0,
+            )
+        )
+    tried = [reference.backend.name]
+    pending: list[_Candidate] = []
+    # One background thread finishes each candidate after its part in this thread (its
+    # conversion, or its trace): the wait for its rehearsal, its compile, first call and
+    # verification; XLA's and the runtimes' compiles run in native code, without the GIL,
+    # while this thread converts the next candidate. Not with isolation "off": everything
+    # then runs in the caller's thread, one candidate after another.
+    background = ThreadPoolExecutor(1, "infertune background") if isolation.mode != "off" else None
+    try:
+        _offload(others, run)
+        for state in others:
+            if not _admitted(state, options) or not _fits(state, run, pending):
+                continue
+            tried.append(state.backend.name)
+            run.started += 1
+            if background is None:
+                if _in_process(state, run, isolation):
+                    run.contenders[state.backend.name] = state.backend
+            elif _start(state, run, background):
+                pending.append(state)
+        for state in pending:
+            _finish(state, run)
+    finally:
+        if background is not None:
+            background.shutdown(wait=False)  # every task was waited for, or abandoned
+        target.close_offloaded()
+    return run.contenders, run.call_estimates, tried
+
+
+# A shared conversion expected to take at least this long goes to a worker process: its
+# start (importing TensorFlow, loading the model: about 5 s on two cores) runs beside this
+# process's work, and the conversion beside the ONNX export (tf_worker.py).
+OFFLOAD_MIN_S = 4.0
+
+
+def _free_core() -> str | None:
+    """None where a core is free for a worker process, else why not. A worker adds work (its
+    imports, the model saved and loaded again: 5-10 s of CPU for ResNet50) to save time only
+    by running on a core nothing else uses: on a machine whose load average already fills
+    its cores, it would slow this process down instead."""
+    from .environment import usable_cores
+
+    try:
+        load = os.getloadavg()[0]
+    except OSError:  # not available on this platform: nothing says the cores are busy
+        return None
+    cores = usable_cores()
+    if load <= cores - 1:
+        return None
+    return f"the load average {load:.1f} on {cores} cores leaves no core free for it"
+
+
+def _offload(others: list[_Candidate], run: _Run) -> None:
+    """Start a worker process for each shared conversion that is long enough and that a
+    candidate to be tried needs, for a Keras model (saved for the worker as a .keras file)
+    where child processes are in use and no time budget is given (the model's save would
+    spend seconds before any candidate is known to fit)."""
+    source = run.target.source
+    if run.isolation.mode != "process" or run.probe is None or not source.is_keras:
+        return
+    if run.budget.limited:  # saving the model costs seconds a LiteRT candidate may not get
+        return
+    for key in OFFLOADABLE:
+        needed = any(
+            key in s.backend.conversions
+            and s.backend.precision in run.options.precisions
+            and s.backend.available() is None
+            for s in others
+        )
+        if not needed or key in run.target.built():
+            continue
+        if conversion_estimate_s(key, run.probe, run.record) < OFFLOAD_MIN_S:
+            continue
+        stage = shared_stage(key)
+        busy = _free_core()
+        if busy is not None:
+            run.target.notes.append(f"the {stage} was made here, not in a worker process: {busy}")
+            continue
+        try:
+            with run.progress.timed(
+                f"{stage}: saving the model for a worker process",
+                text=f"starting the {stage} in a worker process",
+            ):
+                run.target.offload(key, OffloadedConversion(key, run.target))
+        except Exception as exc:  # it is made here, as without a worker
+            run.target.notes.append(f"no worker process for the {stage}: {one_line(exc)}")
+
+
+# -- admission and the budget -------------------------------------------------------------
+def _admitted(state: _Candidate, options: Any) -> bool:
+    """Whether a candidate can go on to prepare; if not, its result says why.
+
+    Availability comes before precision: a candidate that cannot run here is `unavailable`
+    with its reason whatever the precision allowed, so that a `skipped` fp16 candidate means
+    that allowing fp16 would let it run."""
+    backend, result = state.backend, state.result
+    reason = backend.available()
+    if reason is not None:
+        result.status, result.reason = "unavailable", reason
+        return False
+    if backend.precision not in options.precisions:
+        result.status = "skipped"
+        result.reason = (
+            f"{backend.precision} candidate; allow it with precision=(..., "
+            f"{backend.precision!r}) where a reduced-precision error is acceptable"
+        )
+        return False
+    return True
+
+
+# A candidate starts only when its estimate times this fits: estimates made from one trace
+# are off by 20-30% on a busy machine, and a candidate stopped at the budget's end has cost
+# its time for nothing (its abandoned conversion even runs on beside the measurement).
+ESTIMATE_MARGIN = 1.3
+
+
+def _fits(state: _Candidate, run: _Run, pending: list[_Candidate]) -> bool:
+    """Under a time budget: whether the candidate's estimated cost fits in what is left once
+    the candidates already started and the work after them have their share."""
+    budget = run.budget
+    if not budget.limited:
+        return True
+    name = state.backend.name
+    if run.probe is None:  # nothing to estimate from: only the budget's end stops it
+        if budget.left_s() > budget.after_s(len(run.contenders) + 1):
+            return True
+        return _skip(state, run, f"not reached within time_budget_s={budget.time_budget_s:g}")
+    built = run.target.built() | {k for s in pending for k in s.backend.conversions}
+    seconds, how = estimate_s(state.backend, run.probe, built, run.record)
+    state.estimate = (seconds, how)
+    run.estimates[name] = seconds
+    owed = sum(run.estimates.get(s.backend.name, 0.0) for s in pending) * 0.3  # here, after
+    after = budget.after_s(len(run.contenders) + len(pending) + 1)
+    left = budget.left_s() - after - owed
+    if seconds * ESTIMATE_MARGIN <= left:
+        return True
+    return _skip(
+        state,
+        run,
+        f"needs about {seconds:.1f} s ({how}; {seconds * ESTIMATE_MARGIN:.1f} s with the "
+        f"margin for estimates); {max(0.0, left):.1f} s of time_budget_s="
+        f"{budget.time_budget_s:g} were left for it (the measurement and the diagnosis keep "
+        f"{after:.1f} s)",
+    )
+
+
+def _skip(state: _Candidate, run: _Run, reason: str) -> bool:
+    state.result.status, state.result.reason = "skipped", reason
+    run.progress.say(f"{state.backend.name}: skipped, {reason}")
+    return False
+
+
+def _deadline(run: _Run, isolation: Isolation) -> float:
+    """The deadline of a phase that starts now: candidate_timeout_s's, or the budget's end
+    where sooner (stages in a worker thread can be abandoned; with isolation 'off', none)."""
+    deadline = isolation.deadline()
+    if run.budget.limited and isolation.mode != "off":
+        deadline = min(deadline, run.budget.candidates_end(_contenders(run)))
+    return deadline
+
+
+def _contenders(run: _Run) -> int:
+    """How many candidates the measurement will have, at most, as far as is known now."""
+    return run.started + 1  # the reference among them
+
+
+# -- the stages ---------------------------------------------------------------------------
+def _stage(
+    state: _Candidate, run: _Run, stage: str, text: str, fn: Callable[[], Any], track: bool = True
+) -> Any:
+    """fn() as `stage` of the candidate, timed; shared conversions built meanwhile are
+    timed as shared stages of their own, not as the candidate's. `track`: the stage is the
+    one a failure is reported at (not for a wait on work done elsewhere)."""
+    if track:
+        state.stage = stage
+    run.progress.stage(text)
+    start = time.perf_counter()
+    try:
+        return fn()
+    finally:
+        end = time.perf_counter()
+        shared = run.target.built_between(start, end)
+        for key, seconds in shared.items():
+            run.progress.times.add(shared_stage(key), seconds)
+        own = end - start - sum(shared.values())
+        run.progress.times.add(stage, own, state.backend.name)
+        if track:
+            state.seconds[stage] = state.seconds.get(stage, 0.0) + own
+
+
+def _in_process(state: _Candidate, run: _Run, isolation: Isolation) -> bool:
+    """Prepare, first call and verify a candidate that is not rehearsed."""
+    state.deadline = _deadline(run, isolation)
+    return _guarded(state, run, lambda: _compile_and_verify(state, run, isolation))
+
+
+def _start(state: _Candidate, run: _Run, background: ThreadPoolExecutor) -> bool:
+    """This thread's part of a candidate: its conversion and the submission of its rehearsal
+    (a rehearsed one), or its compile (a trace, in Python: best here); the rest goes to the
+    background thread. False if it failed already."""
+    backend, isolation = state.backend, run.isolation
+    name = backend.name
+    state.deadline = _deadline(run, isolation)
+    rehearsed = isolation.rehearses(backend)
+
+    def start() -> None:
+        if not rehearsed:
+            _compile(state, run, isolation, _stage)
+            state.future = background.submit(_first_call_and_verify, state, run, isolation, True)
+            return
+        started = time.perf_counter()
+        _stage(
+            state,
+            run,
+            "conversion",
+            f"{name}: converting",
+            lambda: isolation.call(
+                lambda: backend.convert(run.target), state.deadline, "conversion"
+            ),
+        )
+        allowed = None
+        if isolation.deadline() != math.inf and isolation.timeout_s is not None:
+            allowed = isolation.timeout_s - (time.perf_counter() - started)
+        state.stage = "rehearsal"
+        try:
+            state.rehearsal = isolation.submit(
+                backend, run.target, [c.inputs for c in run.checks], allowed
+            )
+        except RehearsalUnavailable as exc:
+            isolation.fall_back(str(exc))
+        state.future = background.submit(_after_rehearsal, state, run)
+
+    return _guarded(state, run, start)
+
+
+def _after_rehearsal(state: _Candidate, run: _Run) -> None:
+    """In the background thread: wait for the rehearsal's verdict, then compile, first call
+    and verify here (raises on failure)."""
+    isolation = run.isolation
+    if state.rehearsal is not None:
+        give_up = run.budget.candidates_end(_contenders(run)) if run.budget.limited else math.inf
+        if not _wait(state.rehearsal, give_up):
+            raise _BudgetOver("during its rehearsal in the child process")
+    if run.budget.limited and run.budget.left_s() <= run.budget.after_s(1):
+        raise _BudgetOver("before its compile here")
+    state.deadline = _deadline(run, isolation)  # compiling here gets the full time again
+    _compile(state, run, isolation, _background_stage)
+    _first_call_and_verify(state, run, isolation, True)
+
+
+def _finish(state: _Candidate, run: _Run) -> None:
+    """Wait for what the background thread does for a candidate (its verdict)."""
+    name = state.backend.name
+    give_up = run.budget.candidates_end(_contenders(run)) if run.budget.limited else None
+
+    def wait() -> None:
+        try:
+            _stage(state, run, "waiting", f"{name}: waiting for its compile and verification",
+                   lambda: state.future.result(_timeout(give_up)), track=False)  # fmt: skip
+        except FuturesTimeout:
+            raise _BudgetOver(f"during its {state.stage}") from None
+
+    if state.future is None or _guarded(state, run, wait):
+        run.contenders[name] = state.backend
+
+
+def _wait(rehearsal: Rehearsal, give_up_at: float) -> bool:
+    """The rehearsal's verdict (raised where it failed); False if not in by `give_up_at`.
+    A child that cannot start, or cannot import the class, leaves the candidate to be
+    prepared here without a rehearsal (said in the notes)."""
+    isolation = rehearsal._isolation
+    try:
+        return rehearsal.wait(give_up_at)
+    except RehearsalUnavailable as exc:
+        isolation.fall_back(str(exc))
+    except NotRehearsable as exc:
+        isolation.notes.append(f"{rehearsal.name}: prepared without a rehearsal ({exc})")
+    return True
+
+
+def _compile_and_verify(state: _Candidate, run: _Run, isolation: Isolation) -> None:
+    """Compile here, time the first call, verify on every check (raises on failure)."""
+    _compile(state, run, isolation, _stage)
+    _first_call_and_verify(state, run, isolation)
+
+
+def _compile(state: _Candidate, run: _Run, isolation: Isolation, stage: Callable) -> None:
+    """prepare() in this process, timed by `stage` (this thread's or the background's)."""
+    backend, target, result = state.backend, run.target, state.result
+    name, deadline = backend.name, state.deadline
+    used_before = len(target.used)
+    stage(
+        state,
+        run,
+        "compile",
+        f"{name}: preparing",
+        lambda: isolation.call(lambda: backend.prepare(target), deadline, "prepare"),
+    )
+    # prepare_s: its own stages before the first call, plus every shared conversion it uses
+    # (the ONNX export), whoever paid for it, so that each candidate shows its whole cost.
+    result.prepare_s = (
+        state.seconds.get("conversion", 0.0)
+        + state.seconds.get("compile", 0.0)
+        + target.shared_seconds(target.used[used_before:] + list(backend.conversions))
+    )
+
+
+def _first_call_and_verify(
+    state: _Candidate, run: _Run, isolation: Isolation, in_background: bool = False
+) -> None:
+    """Time the first call, verify on every check (raises _Mismatch on a mismatch).
+    `in_background`: in the background thread, its stages are timed apart (off this
+    thread's timeline) and it shows nothing as the current stage."""
+    backend, checks, result = state.backend, run.checks, state.result
+    name, deadline = backend.name, state.deadline
+    stage = _background_stage if in_background else _stage
+    start = time.perf_counter()
+    outputs = stage(
+        state,
+        run,
+        "first call",
+        f"{name}: first call",
+        lambda: isolation.call(lambda: backend.run(checks[0].inputs), deadline, "first call"),
+    )
+    result.first_call_ms = 1e3 * (time.perf_counter() - start)
+
+    def verify() -> Comparison:
+        comparison = Comparison(True, "")
+        at_sample_batch = []
+        found_outputs = outputs
+        for check in checks:
+            if check is not checks[0]:
+                t0 = time.perf_counter()
+                found_outputs = isolation.call(
+                    lambda c=check: backend.run(c.inputs), deadline, "verification"
+                )
+                if _batch(check.inputs) == _batch(checks[0].inputs):
+                    at_sample_batch.append(time.perf_counter() - t0)
+            found = compare_outputs(
+                found_outputs, check.reference, run.options.rtol, run.options.atol
+            )
+            if not found:
+                found = Comparison(
+                    False, f"on {check.label}: {found.reason}", found.max_abs_err, found.max_rel_err
+                )
+            comparison = comparison.merged(found)
+        if at_sample_batch:
+            run.call_estimates[name] = float(np.median(at_sample_batch))
+        return comparison
+
+    comparison = stage(
+        state, run, "verification", f"{name}: verifying on {len(checks)} inputs", verify
+    )
+    result.max_abs_err, result.max_rel_err = comparison.max_abs_err, comparison.max_rel_err
+    if not comparison:
+        raise _Mismatch(comparison.reason)
+    run.progress.say(f"{name}: verified (relative error {comparison.max_rel_err:.1e})")
+
+
+def _background_stage(
+    state: _Candidate, run: _Run, stage: str, text: str, fn: Callable[[], Any]
+) -> Any:
+    """fn() as `stage` of the candidate in the background thread: timed apart."""
+    state.stage = stage
+    start = time.perf_counter()
+    try:
+        return fn()
+    finally:
+        seconds = time.perf_counter() - start
+        run.progress.times.add_background(state.backend.name, seconds, stage)
+        state.seconds[stage] = state.seconds.get(stage, 0.0) + seconds
+
+
+def _timeout(deadline: float | None) -> float | None:
+    return None if deadline is None else max(0.0, deadline - time.perf_counter())
+
+
+def _batch(inputs: list[np.ndarray]) -> int | None:
+    return inputs[0].shape[0] if inputs and inputs[0].ndim else None
+
+
+class _Mismatch(Exception):
+    """Verification rejected the candidate (its result already holds the errors)."""
+
+
+class _BudgetOver(Exception):
+    """The time budget ran out during (or before) a stage: the candidate is skipped."""
+
+
+def _guarded(state: _Candidate, run: _Run, fn: Callable[[], None]) -> bool:
+    """Run a candidate's stages; True if they all passed. A failure is its result's status
+    and reason, never raised; a candidate that failed is closed, one timed out is not (a
+    stage abandoned in a thread may still be using it)."""
+    name, result, progress = state.backend.name, state.result, run.progress
+    try:
+        fn()
+        return True
+    except _Mismatch as exc:
+        result.status, result.reason = "mismatch", str(exc)
+        progress.say(f"{name}: rejected, {result.reason}")
+    except _BudgetOver as exc:
+        result.status = "skipped"
+        result.reason = f"time_budget_s={run.budget.time_budget_s:g} ran out {exc}"
+        progress.say(f"{name}: skipped, {result.reason}")
+    except CandidateTimeout as exc:
+        if run.budget.limited and time.perf_counter() >= run.budget.candidates_end(
+            _contenders(run)
+        ):
+            result.status = "skipped"
+            result.reason = (
+                f"time_budget_s={run.budget.time_budget_s:g} ran out during its {state.stage} "
+                f"(abandoned, as at candidate_timeout_s)"
+            )
+            progress.say(f"{name}: skipped, {result.reason}")
+        else:
+            result.status, result.reason = "timeout", str(exc)
+            progress.say(f"{name}: timed out: {result.reason}")
+        return False
+    except (CandidateCrashed, RehearsalError) as exc:
+        result.status, result.reason = "failed", str(exc)
+        progress.say(f"{name}: {result.reason}")
+    except Exception as exc:  # a candidate's failure is reported, never raised
+        stage = "prepare" if state.stage == "compile" else state.stage
+        result.status, result.reason = "failed", f"{stage}: {one_line(exc)}"
+        progress.say(f"{name}: failed at {result.reason}")
+    with contextlib.suppress(Exception):  # what it held goes when it is collected
+        state.backend.close()
+    return False

@@ -1,0 +1,131 @@
+"""A TensorFlow conversion made in another process, beside this one's.
+
+The conversions are long and mostly Python (TensorFlow freezing the graph, tf2onnx's graph
+passes, the TFLite converter's preparation): two of them in one process take turns on one
+interpreter lock, so threads cannot overlap them (measured: an ONNX export and a TFLite
+conversion of MobileNetV2 took as long in two threads as one after the other). A worker
+process can: while this process exports to ONNX, the worker converts to TFLite.
+
+The worker (`python -m infertune.tf_worker JOB`) loads the model from a .keras file this
+process wrote, builds the conversion with the very function this process would call
+(`_BUILDERS`), writes it into the job directory and exits: 0 with the result, 1 with
+error.txt. A worker that fails leaves the conversion to this process (`Target.shared`), which
+the report's notes say.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+__all__ = ["OFFLOADABLE", "OffloadedConversion"]
+
+# Shared conversions (Target keys) a worker can build: the module of the functions that
+# build one from a Target, write it into a directory and read it back.
+OFFLOADABLE = {"tflite": "infertune.backends.litert"}
+
+
+class OffloadedConversion:
+    """The `key` conversion of a Keras model, being built by a worker process."""
+
+    def __init__(self, key: str, target: Any):
+        if key not in OFFLOADABLE:
+            raise ValueError(f"no worker builds {key!r}; it builds {sorted(OFFLOADABLE)}")
+        self.key = key
+        self.directory = Path(tempfile.mkdtemp(prefix="infertune-tf-worker-"))
+        self.worker_s: float | None = None  # the worker's own seconds, once it is done
+        try:
+            target.source.owner.save(self.directory / "model.keras")
+            spec = {
+                "key": key,
+                "model": "model.keras",
+                "signature": target.signature.to_dict(),
+                "outputs": target.output_structure.to_dict(),
+                "dtypes": [str(d) for d in target.output_dtypes],
+            }
+            (self.directory / "job.json").write_text(json.dumps(spec))
+            env = dict(os.environ)
+            env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if isinstance(p, str) and p)
+            self._log = open(self.directory / "worker.log", "wb")  # noqa: SIM115 (close())
+            self._process = subprocess.Popen(
+                [sys.executable, "-m", "infertune.tf_worker", str(self.directory)],
+                stdin=subprocess.DEVNULL,
+                stdout=self._log,
+                stderr=self._log,
+                env=env,
+            )
+        except BaseException:
+            shutil.rmtree(self.directory, ignore_errors=True)
+            raise
+
+    def result(self, timeout_s: float | None = None) -> Any:
+        """The conversion, once the worker is done; raises RuntimeError with the worker's
+        error (or TimeoutError) where it is not there."""
+        try:
+            code = self._process.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            raise TimeoutError(f"the worker did not finish within {timeout_s:g} s") from None
+        self._log.close()
+        if code != 0:
+            error = self.directory / "error.txt"
+            why = error.read_text().strip() if error.is_file() else _tail(self._log.name)
+            raise RuntimeError(f"the worker process failed (exit status {code}): {why}")
+        self.worker_s = float((self.directory / "seconds.txt").read_text())
+        module = __import__(OFFLOADABLE[self.key], fromlist=["read_conversion"])
+        return module.read_conversion(self.directory)
+
+    def close(self) -> None:
+        """Stop the worker if it still runs and remove its files."""
+        if self._process.poll() is None:
+            self._process.kill()
+            self._process.wait()
+        self._log.close()
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+
+def _tail(path: str, limit: int = 300) -> str:
+    try:
+        text = Path(path).read_text(errors="replace").strip()
+    except OSError:
+        return "no output"
+    return text[-limit:] if text else "no output"
+
+
+def main() -> None:
+    from .errors import one_line
+
+    directory = Path(sys.argv[1])
+    start = time.perf_counter()
+    try:
+        import numpy as np
+
+        from .inputs import InputSignature
+        from .models import load_model
+        from .structure import Structure
+        from .target import Target
+
+        spec = json.loads((directory / "job.json").read_text())
+        source = load_model(directory / spec["model"])
+        target = Target(
+            source,
+            InputSignature.from_dict(spec["signature"]),
+            Structure.from_dict(spec["outputs"]),
+            [np.dtype(d) for d in spec["dtypes"]],
+        )
+        module = __import__(OFFLOADABLE[spec["key"]], fromlist=["build_conversion"])
+        module.write_conversion(module.build_conversion(target), directory)
+    except Exception as exc:
+        (directory / "error.txt").write_text(one_line(exc))
+        sys.exit(1)
+    (directory / "seconds.txt").write_text(f"{time.perf_counter() - start:.6f}")
+
+
+if __name__ == "__main__":
+    main()

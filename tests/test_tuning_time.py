@@ -1,0 +1,308 @@
+"""Tuning time: the report says where optimize()'s time went, a time budget is kept with the
+most promising candidates first, and every shortcut gives what the long way gave."""
+
+from __future__ import annotations
+
+import importlib.util
+import io
+import json
+import time
+from collections import Counter
+
+import numpy as np
+import pytest
+from conftest import dense_model, flatten_cnn, prepared_backend
+from crashing_backends import RaisesInChild, SegfaultsAtFirstCall
+
+import infertune
+from infertune.backends.litert import LiteRT, _convert, _Interpreters, _ops, reads_shapes
+from infertune.diagnosis import machine_peak
+from infertune.inputs import build_signature
+from infertune.isolation import CandidateCrashed, Isolation, RehearsalError
+from infertune.machine import PEAK_EVERY, MachineRecord
+from infertune.models import load_model
+from infertune.planning import Probe, estimate_s, order_candidates
+from infertune.report import Report
+from infertune.stages import CANDIDATE_STAGES
+from infertune.structure import flatten
+from infertune.target import Target
+
+needs_litert = pytest.mark.skipif(
+    importlib.util.find_spec("ai_edge_litert") is None, reason="ai-edge-litert not installed"
+)
+
+
+def conv_model():
+    """Conv2D -> GlobalAveragePooling -> Dense: no shape arithmetic at a free batch."""
+    import keras
+
+    keras.utils.set_random_seed(0)
+    return keras.Sequential(
+        [
+            keras.Input((12, 12, 3)),
+            keras.layers.Conv2D(8, 3, activation="relu"),
+            keras.layers.GlobalAveragePooling2D(),
+            keras.layers.Dense(4),
+        ]
+    )
+
+
+@pytest.fixture(scope="module")
+def timed_report():
+    sample = np.random.default_rng(0).standard_normal((4, 6)).astype("float32")
+    backends = ["tf-function", "tf-xla", "onnxruntime-cpu", "onnxruntime-cpu:threads=1"]
+    if importlib.util.find_spec("ai_edge_litert") is not None:
+        backends.append("litert")
+    start = time.perf_counter()
+    opt = infertune.optimize(dense_model(), sample, backends=backends, verbose=False)
+    return opt.report, time.perf_counter() - start
+
+
+def test_every_stage_is_timed_and_they_add_up_to_the_total(timed_report):
+    report, wall_s = timed_report
+    stages = report.stages
+    shared = stages.shared
+    for stage in (
+        "model load",
+        "reference",
+        "verification inputs",
+        "environment",
+        "FLOP count",
+        "ONNX export",
+        "warm-up",
+        "measurement",
+        "diagnosis: machine peak",
+    ):
+        assert stage in shared, (stage, shared)
+    if importlib.util.find_spec("ai_edge_litert") is not None:
+        assert "TFLite conversion" in shared
+    for c in report.candidates:
+        here = stages.candidates.get(c.name, {})
+        elsewhere = stages.background.get(c.name, {})
+        assert set(here) <= set(CANDIDATE_STAGES), here
+        done = set(here) | set(elsewhere)
+        assert {"compile", "first call", "verification"} <= done, (c.name, done)
+        if c.name.startswith(("onnxruntime", "litert")):  # rehearsed in the child first
+            assert "conversion" in here and "rehearsal in the child process" in elsewhere
+    values = [*shared.values(), *(s for c in stages.candidates.values() for s in c.values())]
+    assert all(v >= 0 for v in values)
+    # The stages are intervals of the calling thread's clock that do not overlap: their sum
+    # is the total but for the bookkeeping between them (selection, building the report),
+    # which is milliseconds: 10% of the total and 0.5 s leave room for a busy machine.
+    assert stages.total_s == pytest.approx(report.total_s)
+    assert stages.accounted_s <= stages.total_s + 1e-6
+    assert stages.other_s <= 0.1 * stages.total_s + 0.5
+    assert stages.total_s <= wall_s  # optimize() itself took at least that
+
+
+def test_the_breakdown_is_in_the_table_and_all_of_it_in_the_json(timed_report):
+    report, _ = timed_report
+    table = str(report)
+    assert "time: " in table and "shared (s): " in table and "candidates (s): " in table
+    data = report.to_dict()["stages"]
+    assert data["shared_s"]["ONNX export"] > 0
+    assert set(data["candidates_s"]) >= {"keras-eager", "tf-function", "onnxruntime-cpu"}
+    loaded = Report.from_dict(json.loads(report.to_json()))
+    assert loaded.stages.to_dict() == report.stages.to_dict()
+
+
+def test_progress_says_the_breakdown(capsys):
+    sample = np.random.default_rng(0).standard_normal((4, 6)).astype("float32")
+    infertune.optimize(dense_model(), sample, backends=["tf-function"], verbose=True)
+    err = capsys.readouterr().err
+    assert "time: " in err and "shared (s): " in err
+
+
+# -- the time budget ------------------------------------------------------------------------
+def test_a_small_budget_is_kept_and_what_it_skipped_says_why(monkeypatch):
+    monkeypatch.setenv("INFERTUNE_MACHINE_FILE", "off")  # no history: the built-in order
+    sample = np.random.default_rng(0).standard_normal((4, 6)).astype("float32")
+    stream = io.StringIO()
+    monkeypatch.setattr("sys.stderr", stream)
+    budget = 4.0
+    model = dense_model()
+    start = time.perf_counter()
+    opt = infertune.optimize(model, sample, time_budget_s=budget, verbose=True)
+    took = time.perf_counter() - start
+    report = opt.report
+    first_call_s = report.candidates[0].first_call_ms / 1e3
+    # The budget excludes the model's own first call. The measurement stops at the end of a
+    # round and the diagnosis and report follow it: 2 s of slack covers a round of 11
+    # candidates and the report on a busy two-core machine.
+    assert took <= budget + first_call_s + 2.0, (took, report.stages.summary())
+    skipped = [c for c in report.candidates if "time_budget_s" in c.reason]
+    assert skipped, [(c.name, c.status, c.reason) for c in report.candidates]
+    for c in skipped:
+        assert c.status == "skipped"
+        assert "time_budget_s=4" in c.reason and (" s" in c.reason or "ran out" in c.reason)
+        assert f"{c.name}: skipped" in stream.getvalue()  # progress says it too
+    assert any("tried most promising first" in note for note in report.notes)
+    np.testing.assert_allclose(opt(sample), model(sample), rtol=1e-4, atol=1e-5)
+
+
+def test_the_order_puts_the_likely_winners_first():
+    from infertune.backends import BACKENDS
+
+    backends = [factory() for factory in BACKENDS.values()]
+    light = Probe(flops=1_000, flops_note="", trace_s=0.05, call_s=0.001)
+    heavy = Probe(flops=2_500_000_000, flops_note="", trace_s=2.0, call_s=0.4)
+    first = [b.name for b in order_candidates(backends, light, None)][:2]
+    assert first == ["onnxruntime-cpu", "onnxruntime-cpu:threads=1"]  # lowest per-call floor
+    assert order_candidates(backends, heavy, None)[0].name == "openvino-cpu"  # best kernels
+    # Reduced-precision candidates come after every exact one.
+    names = [b.name for b in order_candidates(backends, heavy, None)]
+    assert names.index("openvino-cpu-bf16") > names.index("tf-function")
+    # Loops in the graph: LiteRT's converter may fail on them, it goes after the others.
+    loops = Probe(2_500_000_000, "", Counter({"While": 1}), 2.0, 0.4)
+    names = [b.name for b in order_candidates(backends, loops, None)]
+    assert names.index("litert") > names.index("tf-function")
+
+
+def test_earlier_wins_on_this_machine_come_first(tmp_path):
+    from infertune.backends import BACKENDS
+
+    record = MachineRecord("fingerprint", tmp_path / "machine.json")
+    for _ in range(2):
+        record.learn_win("overhead", "litert")
+    record.save()
+    again = MachineRecord("fingerprint", tmp_path / "machine.json")
+    backends = [factory() for factory in BACKENDS.values()]
+    light = Probe(flops=1_000, flops_note="", trace_s=0.05, call_s=0.001)
+    assert order_candidates(backends, light, again)[0].name == "litert"
+
+
+def test_a_shared_conversion_is_estimated_once():
+    from infertune.backends.onnxruntime import OnnxRuntimeCpu, OrtSettings
+
+    probe = Probe(flops=1_000_000, flops_note="", trace_s=1.0, call_s=0.01)
+    before, how = estimate_s(OnnxRuntimeCpu(), probe, set(), None)
+    variant = OnnxRuntimeCpu(OrtSettings(intra_op_threads=1))
+    after, how_after = estimate_s(variant, probe, {"onnx"}, None)
+    assert "onnx conversion" in how and "onnx conversion" not in how_after
+    assert after < before
+
+
+def test_costs_learned_here_correct_the_estimates(tmp_path):
+    record = MachineRecord("fingerprint", tmp_path / "machine.json")
+    from infertune.backends.litert import LiteRT as LiteRTBackend
+
+    probe = Probe(flops=1_000_000, flops_note="", trace_s=1.0, call_s=0.01)
+    plain, _ = estimate_s(LiteRTBackend(), probe, set(), record)
+    record.learn_cost("conversion tflite", 1.0, 3.0)  # took three times the estimate here
+    corrected, _ = estimate_s(LiteRTBackend(), probe, set(), record)
+    assert corrected > plain
+
+
+# -- shortcuts give what the long way gave ----------------------------------------------------
+def test_the_peak_is_measured_once_then_read_until_it_is_due_again(tmp_path):
+    record = MachineRecord("fingerprint", tmp_path / "machine.json")
+    assert record.peak_gflops is None
+    record.set_peak(100.0)
+    record.set_peak(80.0)  # a measurement on a busier machine does not lower it
+    record.save()
+    again = MachineRecord("fingerprint", tmp_path / "machine.json")
+    assert again.peak_gflops == 100.0
+    for _ in range(PEAK_EVERY):
+        assert machine_peak(again) == 100.0  # read, not measured
+    assert again.peak_gflops is None  # due for a new measurement
+    assert MachineRecord("another machine", tmp_path / "machine.json").peak_gflops is None
+
+
+def test_a_record_that_cannot_be_written_is_ignored(tmp_path):
+    (tmp_path / "file").write_text("")
+    record = MachineRecord("fingerprint", tmp_path / "file" / "machine.json")
+    record.set_peak(1.0)
+    record.save()  # the directory cannot be made: nothing raised, nothing kept
+    assert MachineRecord("fingerprint", tmp_path / "file" / "machine.json").peak_gflops is None
+
+
+def test_flops_counted_without_freezing_are_the_frozen_count():
+    import tensorflow as tf
+    from tensorflow.python.framework.convert_to_constants import (
+        convert_variables_to_constants_v2,
+    )
+
+    from infertune.diagnosis import trace_and_count
+
+    model = conv_model()
+    sample = np.zeros((2, 12, 12, 3), np.float32)
+    source = load_model(model)
+    signature, flat = build_signature(sample, source.declared_inputs, source.default_float)
+    flops, _, op_types, trace_s = trace_and_count(source.graph_function(signature), flat)
+    concrete = tf.function(source.graph_function(signature)).get_concrete_function(
+        tf.TensorSpec(sample.shape, tf.float32)
+    )
+    frozen = convert_variables_to_constants_v2(concrete).graph
+    builder = tf.compat.v1.profiler.ProfileOptionBuilder
+    options = builder(builder.float_operation()).with_empty_output().build()
+    profile = tf.compat.v1.profiler.profile(
+        graph=frozen, run_meta=tf.compat.v1.RunMetadata(), cmd="op", options=options
+    )
+    assert flops == profile.total_float_ops > 0
+    assert op_types["Conv2D"] == 1 and trace_s > 0
+
+
+@needs_litert
+@pytest.mark.parametrize("make_model, shape", [(dense_model, (4, 6)), (conv_model, (4, 12, 12, 3))])
+def test_no_fixed_conversion_where_it_would_give_the_same_model(make_model, shape):
+    model = make_model()
+    sample = np.random.default_rng(0).random(shape, dtype=np.float32)
+    backend, signature = prepared_backend(LiteRT(), model, sample)
+    free = backend._converted
+    assert not reads_shapes(free, 1, 1)
+    assert backend._fixed is None  # decided without converting twice
+    # The long way: the fixed conversion made anyway has the same operators (the rule that
+    # dropped it before) and gives the same outputs at the sample's shape, bit for bit.
+    source = load_model(model)
+    target = Target(source, signature, flatten(np.zeros(1))[1], [np.dtype("float32")])
+    fixed = _convert(target, fixed=True)
+    shapes = signature.concrete_shapes()
+    fixed_run = _Interpreters(fixed, 1, 1, 1, shapes)
+    free_run = _Interpreters(free, 1, 1, 1)
+    assert _ops(fixed_run) == _ops(free_run)
+    x = signature.flatten(sample)
+    np.testing.assert_array_equal(fixed_run.run(x, shapes)[0], free_run.run(x, shapes)[0])
+    np.testing.assert_array_equal(backend.run(x)[0], fixed_run.run(x, shapes)[0])
+
+
+@needs_litert
+def test_shape_arithmetic_still_gets_the_fixed_conversion():
+    sample = np.random.default_rng(0).random((4, 8, 8, 1), dtype=np.float32)
+    backend, _ = prepared_backend(LiteRT(), flatten_cnn(), sample)
+    assert reads_shapes(backend._converted, 1, 1)
+    assert backend._fixed is not None and backend._fixed_run is not None
+
+
+@needs_litert
+def test_a_conversion_made_in_a_worker_process_runs_as_one_made_here(monkeypatch):
+    import infertune.preparing as preparing
+
+    monkeypatch.setattr(preparing, "OFFLOAD_MIN_S", 0.0)  # a tiny model's conversion too
+    monkeypatch.setattr(preparing, "_free_core", lambda: None)  # whatever the machine's load
+    model = conv_model()
+    sample = np.random.default_rng(0).random((2, 12, 12, 3), dtype=np.float32)
+    opt = infertune.optimize(model, sample, backends=["litert"], verbose=False)
+    assert any("worker process beside this one" in note for note in opt.report.notes)
+    assert opt.report.candidate("litert").status in ("ok", "selected")
+    worker = opt.report.stages.background["(shared)"]
+    assert worker["TFLite conversion in a worker process"] > 0
+    here, _ = prepared_backend(LiteRT(), model, sample)
+    if opt.backend == "litert":  # the same conversion: the same outputs, bit for bit
+        np.testing.assert_array_equal(opt(sample), here.run([sample])[0])
+
+
+# -- rehearsals queued in the child -----------------------------------------------------------
+def test_jobs_queued_behind_a_crash_go_to_a_fresh_child():
+    x = np.zeros((2, 3), np.float32)
+    signature, sample = build_signature(x, None, np.float32)
+    target = Target(None, signature, flatten(x)[1], [np.dtype("float32")])
+    isolation = Isolation("process", 60)
+    try:
+        crash = isolation.submit(SegfaultsAtFirstCall(), target, [sample], 60)
+        behind = isolation.submit(RaisesInChild(), target, [sample], 60)
+        with pytest.raises(RehearsalError, match="unsupported operator Foo"):
+            behind.wait()  # answered, by a second child: the first died on the job before
+        with pytest.raises(CandidateCrashed, match="SIGSEGV"):
+            crash.wait()
+    finally:
+        isolation.close()
