@@ -60,6 +60,23 @@ CONVERSION_COSTS = {
     "tflite": (0.5, 5.0),
     "onnx-int8": (0.3, 2.0),
 }
+# The share of a conversion spent in one native call that holds the GIL: a stage abandoned
+# at the budget's end returns only when that call does. TFLite's MLIR conversion of ResNet50
+# held it 3.6 s of 10.9 s (the calling thread could not wake for that long).
+UNINTERRUPTIBLE = {"tflite": 0.35, "tflite-fixed": 0.35}
+
+
+def uninterruptible_s(
+    backend: Backend, probe: Probe, built: set[str], record: MachineRecord | None
+) -> float:
+    """How far past the budget's end `backend` could run if abandoned during a conversion."""
+    return sum(
+        UNINTERRUPTIBLE[key] * conversion_estimate_s(key, probe, record)
+        for key in backend.conversions
+        if key in UNINTERRUPTIBLE and key not in built
+    )
+
+
 # Calls a candidate makes before it is measured: its first call and the verification inputs,
 # in this process and in the rehearsal child.
 _CALL_FACTOR = 2.5

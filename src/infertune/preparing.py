@@ -48,6 +48,7 @@ from .planning import (
     conversion_estimate_s,
     estimate_s,
     order_candidates,
+    uninterruptible_s,
 )
 from .progress import Progress
 from .report import CandidateResult
@@ -283,7 +284,9 @@ def _admitted(state: _Candidate, options: Any) -> bool:
 
 # A candidate starts only when its estimate times this fits: estimates made from one trace
 # are off by 20-30% on a busy machine, and a candidate stopped at the budget's end has cost
-# its time for nothing (its abandoned conversion even runs on beside the measurement).
+# its time for nothing (its abandoned conversion even runs on beside the measurement). A
+# conversion whose native step holds the GIL also needs room to overrun the budget's end by
+# that step (planning.UNINTERRUPTIBLE): it cannot be abandoned before the step returns.
 ESTIMATE_MARGIN = 1.3
 
 
@@ -305,13 +308,15 @@ def _fits(state: _Candidate, run: _Run, pending: list[_Candidate]) -> bool:
     owed = sum(run.estimates.get(s.backend.name, 0.0) for s in pending) * 0.3  # here, after
     after = budget.after_s(len(run.contenders) + len(pending) + 1)
     left = budget.left_s() - after - owed
-    if seconds * ESTIMATE_MARGIN <= left:
+    tail = uninterruptible_s(state.backend, run.probe, built, run.record)
+    if seconds * ESTIMATE_MARGIN + tail <= left:
         return True
+    unstoppable = f" and {tail:.1f} s its conversion cannot be stopped in" if tail else ""
     return _skip(
         state,
         run,
-        f"needs about {seconds:.1f} s ({how}; {seconds * ESTIMATE_MARGIN:.1f} s with the "
-        f"margin for estimates); {max(0.0, left):.1f} s of time_budget_s="
+        f"needs about {seconds:.1f} s ({how}; {seconds * ESTIMATE_MARGIN + tail:.1f} s with "
+        f"the margin for estimates{unstoppable}); {max(0.0, left):.1f} s of time_budget_s="
         f"{budget.time_budget_s:g} were left for it (the measurement and the diagnosis keep "
         f"{after:.1f} s)",
     )
