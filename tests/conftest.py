@@ -45,6 +45,21 @@ def dense_model(in_dim: int = 6, out_dim: int = 3, seed: int = 0):
     )
 
 
+def conv_model():
+    """Conv2D -> GlobalAveragePooling -> Dense: no shape arithmetic at a free batch."""
+    import keras
+
+    keras.utils.set_random_seed(0)
+    return keras.Sequential(
+        [
+            keras.Input((12, 12, 3)),
+            keras.layers.Conv2D(8, 3, activation="relu"),
+            keras.layers.GlobalAveragePooling2D(),
+            keras.layers.Dense(4),
+        ]
+    )
+
+
 def flatten_cnn(seed: int = 0):
     """Conv2D -> Flatten -> Dense on 8x8x1: at a free batch, Flatten's reshape needs shape
     arithmetic at run time; at a fixed shape the converter folds it (LiteRT's two models)."""

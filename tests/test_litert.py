@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from conftest import (
     assert_matches_model,
+    conv_model,
     dense_model,
     dict_model,
     dict_sample,
@@ -30,20 +31,6 @@ FP32_RTOL = 1e-5
 # Outputs near zero (a ReLU/tanh network's) have no meaningful relative error: 1e-6 absolute
 # is ten float32 ulps at magnitude 1, still far below any real conversion error.
 FP32_ATOL = 1e-6
-
-
-def conv_model():
-    import keras
-
-    keras.utils.set_random_seed(0)
-    return keras.Sequential(
-        [
-            keras.Input((12, 12, 3)),
-            keras.layers.Conv2D(8, 3, activation="relu"),
-            keras.layers.GlobalAveragePooling2D(),
-            keras.layers.Dense(4),
-        ]
-    )
 
 
 def prepared(model, sample):

@@ -11,7 +11,7 @@ from collections import Counter
 
 import numpy as np
 import pytest
-from conftest import dense_model, flatten_cnn, prepared_backend
+from conftest import conv_model, dense_model, flatten_cnn, prepared_backend
 from crashing_backends import RaisesInChild, SegfaultsAtFirstCall
 
 import infertune
@@ -30,21 +30,6 @@ from infertune.target import Target
 needs_litert = pytest.mark.skipif(
     importlib.util.find_spec("ai_edge_litert") is None, reason="ai-edge-litert not installed"
 )
-
-
-def conv_model():
-    """Conv2D -> GlobalAveragePooling -> Dense: no shape arithmetic at a free batch."""
-    import keras
-
-    keras.utils.set_random_seed(0)
-    return keras.Sequential(
-        [
-            keras.Input((12, 12, 3)),
-            keras.layers.Conv2D(8, 3, activation="relu"),
-            keras.layers.GlobalAveragePooling2D(),
-            keras.layers.Dense(4),
-        ]
-    )
 
 
 @pytest.fixture(scope="module")
