@@ -11,10 +11,10 @@ architectures", point 5):
   us for a plain tf.function(model) (1.10x).
 
 For each, in one run: optimize() with every candidate, then the callable and every raw
-runtime by hand (tf.function, ONNX Runtime where the model converts) timed in one
-interleaved measurement; repeated `--repeats` times (a new optimize() each time) to see
-whether the choice and the ratio hold. Target: the callable within 5% of the fastest raw
-runtime in every repeat.
+runtime by hand (tf.function; ONNX Runtime, and LiteRT converted at the sample's shapes,
+where the model converts) timed in one interleaved measurement; repeated `--repeats` times
+(a new optimize() each time) to see whether the choice and the ratio hold. Target: the
+callable within 5% of the fastest raw runtime in every repeat.
 
     python benchmarks/regrets.py [--cases gru-varlen,cnn-free-hw,py-function] [--repeats 3]
 """
@@ -85,6 +85,10 @@ def run(name: str, budget_s: float) -> dict:
         runners["onnxruntime"] = by_hand.onnxruntime_session(by_hand.onnx_bytes(model, x), x)
     except Exception as exc:  # the py_function model does not convert: said in the output
         print(f"  {name}: onnxruntime by hand: {type(exc).__name__}", file=sys.stderr)
+    try:  # converted at the sample's shapes, as infertune's exact-shape LiteRT is
+        runners["litert"] = by_hand.litert_interpreter(model, x)
+    except Exception as exc:
+        print(f"  {name}: litert by hand: {type(exc).__name__}", file=sys.stderr)
     cooldown = {
         "onnxruntime": ONNXRUNTIME_COOLDOWN_S,
         "infertune": max(b.cooldown_s for b in opt.backends),

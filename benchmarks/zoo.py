@@ -366,7 +366,10 @@ def run_model(name: str, budget_s: float) -> dict:
             del runners[label]
     runners["infertune"] = lambda: opt(sample)
     print(f"[zoo] {name}: measuring {len(runners)} runners", file=sys.stderr, flush=True)
-    cooldown = {"onnxruntime": ONNXRUNTIME_COOLDOWN_S, "infertune": opt._backend.cooldown_s}
+    cooldown = {
+        "onnxruntime": ONNXRUNTIME_COOLDOWN_S,
+        "infertune": max(b.cooldown_s for b in opt.backends),  # a fast path's included
+    }
     measured = measure_runners(runners, budget_s=budget_s, cooldown_s=cooldown)
     for label, why in measured.errors.items():
         failed[label] = f"measurement: {why}"
@@ -385,6 +388,7 @@ def run_model(name: str, budget_s: float) -> dict:
         "optimize_s": optimize_s,
         "selected": opt.backend,
         "selection_reason": report.selection_reason,
+        "other_shapes": report.other_shapes,
         "candidates": candidates,
         "exact_mismatch": {
             c["name"]: c["reason"]

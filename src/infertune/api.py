@@ -42,6 +42,10 @@ OBJECTIVES = ("latency", "throughput")
 PRECISIONS = ("fp32", "fp16", "bf16", "int8")
 DEFAULT_MEASURE_S = 5.0  # measurement budget when the caller gives no time_budget_s
 FRESH_INPUTS = 2  # random inputs at the sample's batch size, besides the sample itself
+# How much larger each free non-batch dimension is in the verification input at other sizes:
+# a sequence a bit longer, and an image side with the sample's remainder modulo 32, so that
+# a network of stride 32 (most CNNs) that took the sample takes it too.
+OTHER_SIZE_STEP = 32
 
 
 def optimize(
@@ -193,23 +197,31 @@ def _optimize(
         contenders, sample, results, signature, batch_sizes, options, progress, budget,
         call_estimates,
     )  # fmt: skip
-    chosen, why = _select(results, options.objective, options.latency_budget_ms)
+    exact = {name for name, backend in contenders.items() if backend.exact_shapes is not None}
+    chosen, why = _select(
+        [r for r in results if r.name not in exact], options.objective, options.latency_budget_ms
+    )
+    fast, fast_why = _select_exact_shape(results, exact, chosen, options)
     batches = (
         _choose_per_batch(results, by_batch, chosen, why, options, signature.sample_batch)
         if batch_sizes
         else []
     )
-    kept = {name: contenders.pop(name) for name in {chosen.name, *(b.selected for b in batches)}}
+    serving = fast or chosen  # the candidate that serves calls at the sample's shapes
+    kept = {
+        name: contenders.pop(name)
+        for name in {serving.name, chosen.name, *(b.selected for b in batches)}
+    }
     for rejected in contenders.values():
         _close(rejected)
     contenders.clear()
     progress.stage("diagnosis: the machine's peak")
     diagnosis = diagnose(
-        source, signature, sample, results, chosen.name, environment,
+        source, signature, sample, results, serving.name, environment,
         flops=(probe.flops, probe.flops_note), record=record, timed=progress.timed,
     )  # fmt: skip
     times.total_s = progress.elapsed()
-    _learn(record, probe, candidates, results, times, chosen.name)
+    _learn(record, probe, candidates, results, times, serving.name)
     report = Report(
         model=source.description,
         signature=signature.describe(),
@@ -219,10 +231,10 @@ def _optimize(
         atol=options.atol,
         candidates=results,
         environment=environment,
-        selected=chosen.name,
-        selection_reason=why,
+        selected=serving.name,
+        selection_reason=fast_why if fast else why,
         total_s=times.total_s,
-        notes=_notes(target, checks)
+        notes=_notes(target, checks, results)
         + precision_notes
         + target.notes
         + _plan_notes(options, tried, results)
@@ -232,8 +244,12 @@ def _optimize(
         batches=batches,
         latency_budget_ms=options.latency_budget_ms,
         stages=times,
+        other_shapes=chosen.name if fast else None,
+        other_shapes_reason=why if fast else "",
     )
-    progress.say(f"selected {chosen.name}: {why}")
+    progress.say(f"selected {serving.name}: {report.selection_reason}")
+    if fast:
+        progress.say(f"other shapes: {chosen.name}: {why}")
     for line in report.batch_summary():
         progress.say(line)
     progress.say(times.summary().replace("\n  ", "; "))
@@ -245,6 +261,7 @@ def _optimize(
         output_dtypes=target.output_dtypes,
         options=saved_options,
         by_batch={b.batch_size: kept[b.selected] for b in batches} or None,
+        exact=kept[fast.name] if fast else None,
     )
     if entry is not None:
         progress.stage("storing the result in the tuning cache")
@@ -429,29 +446,39 @@ def _checks(
     progress: Progress,
     batch_sizes: list[int] | None = None,
 ) -> tuple[list[Check], float]:
-    """The sample, fresh random inputs like it, and one at each other tuned batch size (one
-    at another batch size where none is given and the batch is free); and the model's
-    seconds per call at the sample's batch size, steady (the first call is the sample's)."""
+    """The sample, fresh random inputs like it, one at each other tuned batch size (one at
+    another batch size where none is given and the batch is free), and, where the model has
+    free dimensions besides the batch (a sequence length, an image's height and width), one
+    at the sample's batch size with each of those dimensions OTHER_SIZE_STEP larger; and the
+    model's seconds per call at the sample's shapes, steady (the first call is the sample's).
+    An input the model raises on is left out, said in the progress."""
     rng = np.random.default_rng(0)
     batch = signature.sample_batch
-    wanted = [(f"random input {i + 1}", batch) for i in range(FRESH_INPUTS)]
+    at_sample = signature.concrete_shapes()
+    wanted = [(f"random input {i + 1}", at_sample) for i in range(FRESH_INPUTS)]
     if batch_sizes:
         others = [size for size in batch_sizes if size != batch]
     elif batch is not None and signature.batch_is_dynamic:
         others = [1 if batch > 1 else 3]
     else:
         others = []
-    wanted += [(f"random input at batch {other}", other) for other in others]
+    wanted += [
+        (f"random input at batch {other}", signature.concrete_shapes(other)) for other in others
+    ]
+    other_sizes = signature.other_sizes(OTHER_SIZE_STEP)
+    if other_sizes is not None:
+        words = ", ".join(str(shape) for shape in other_sizes)
+        wanted.append((f"random input at other sizes of the free dimensions {words}", other_sizes))
     checks = [Check("the sample", sample, reference)]
     seconds = []
-    for label, size in wanted:
-        inputs = signature.random_inputs(rng, size)
+    for label, shapes in wanted:
+        inputs = signature.random_inputs(rng, shapes=shapes)
         try:
             (outputs, _), took = time_once(lambda i=inputs: source.call_flat(signature, i))
         except Exception as exc:
             progress.say(f"the model raised on {label}, verifying without it: {one_line(exc)}")
             continue
-        if size == batch:
+        if shapes == at_sample:
             seconds.append(took)
         checks.append(Check(label, inputs, outputs))
     return checks, min(seconds, default=0.0)
@@ -535,8 +562,9 @@ def _measure_batches(
     call_estimates: dict[str, float] | None = None,
 ) -> dict[int, dict[str, LatencyStats]]:
     """Measure every contender at the sample's batch size (its statistics go into `results`)
-    and at each other tuned batch size, on random inputs drawn like the sample. A candidate
-    that fails at any batch size is `failed` and closed. Returns {batch: {name: stats}}.
+    and at each other tuned batch size, on random inputs drawn like the sample (an exact-shape
+    candidate, at the sample's only). A candidate that fails at any batch size is `failed`
+    and closed. Returns {batch: {name: stats}}.
 
     `call_estimates`: seconds per call at the sample's batch size seen in verification; a
     candidate with one needs no warm-up there (its verification calls were its warm-up)."""
@@ -555,8 +583,13 @@ def _measure_batches(
         round_s = sum(2 * (call_estimates or {}).get(name, 0.01) for name in contenders)
         after = budget.after_measurement_s + round_s if limited else 0.0
         estimates = call_estimates if size == signature.sample_batch else None
+        running = {
+            name: backend
+            for name, backend in contenders.items()
+            if size == signature.sample_batch or backend.exact_shapes is None
+        }
         stats, errors = _measure(
-            contenders,
+            running,
             inputs,
             options.measure_budget(len(sizes) - i, deadline, after),
             progress,
@@ -761,6 +794,53 @@ def _select(
 _TIE_REL = 0.05
 
 
+def _select_exact_shape(
+    results: list[CandidateResult], exact: set[str], general: CandidateResult, options: _Options
+) -> tuple[CandidateResult | None, str]:
+    """The candidate among those that run only the sample's exact shapes (`exact`, by name)
+    that serves calls at the sample's shapes instead of `general`, the choice among those that
+    run any shape; and why. (None, "") where none beats `general`.
+
+    By _select's rules among `general` and the exact-shape candidates measured, with one
+    more: a tie stays with `general`. A fast path holds a second prepared model and splits
+    the calls between two runtimes, so it must be faster beyond noise: clearly faster round
+    by round, or its median (mean, for throughput) more than _TIE_REL below, or within the
+    latency budget where `general` is not."""
+    measured = [
+        r for r in results if r.name in exact and r.status == "ok" and r.latency is not None
+    ]
+    if not measured:
+        return None, ""
+    stand_in = replace(general, status="ok", reason="")  # _select sets its status and reason
+    picked, why = _select([stand_in, *measured], options.objective, options.latency_budget_ms)
+    if picked is stand_in:
+        return None, ""
+    latency = options.objective == "latency"
+    statistic, unit = ("median", "p50") if latency else ("mean", "mean")
+
+    def cost(r: CandidateResult) -> float:  # ms per call by the objective's statistic
+        return r.latency.p50 if latency else r.latency.mean
+
+    budget = options.latency_budget_ms
+    beyond_noise = (
+        clearly_slower(general.latency, picked.latency, statistic=statistic)
+        or cost(general) > cost(picked) * (1 + _TIE_REL)
+        or (budget is not None and picked.latency.p99 <= budget < general.latency.p99)
+    )
+    if not beyond_noise:
+        picked.status = "ok"
+        picked.reason = (
+            f"within noise of {general.name} at the sample's shapes ({unit} "
+            f"{cost(picked):.4g} ms, {general.name} {cost(general):.4g} ms): {general.name} "
+            f"serves them too, as a fast path of its own must be clearly faster"
+        )
+        return None, ""
+    general.reason = (
+        f"serves every call but those at the sample's exact shapes, which {picked.name} serves"
+    )
+    return picked, f"{why}; at the sample's exact shapes only, {general.name} serves the others"
+
+
 def _tie_key(r: CandidateResult, objective: str) -> tuple:
     """Full precision first, then the smaller error and the cheaper start (prepare plus first
     call), each by decade (2e-7 and 3e-7 are the same float32 round-off), then the steadier:
@@ -809,11 +889,20 @@ def _gpu_notes(growth: dict) -> list[str]:
     return [note]
 
 
-def _notes(target: Target, checks: list[Check]) -> list[str]:
+def _notes(target: Target, checks: list[Check], results: list[CandidateResult]) -> list[str]:
     notes = [
         f"verified on {len(checks)} inputs: " + ", ".join(c.label for c in checks),
         f"an element fails when {ELEMENT_RULE}; an output fails when ||out-ref||/||ref|| > rtol",
     ]
+    exact = [r.name for r in results if r.exact_shapes is not None]
+    if exact:
+        at_sample = [c.label for c in checks if c.shapes == checks[0].shapes]
+        notes.append(
+            f"{', '.join(exact)} run{'s' if len(exact) == 1 else ''} only the sample's exact "
+            f"shapes: verified on "
+            f"{', '.join(at_sample)} only, measured at the sample's batch size only, and "
+            f"eligible only for calls of exactly those shapes"
+        )
     exported = target.shared_value("onnx")
     if exported is not None:
         notes.append(f"ONNX export (opset {exported.opset}) took {exported.seconds:.2f} s")

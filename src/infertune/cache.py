@@ -147,10 +147,12 @@ class CacheEntry:
 
         decision = json.loads((self.path / DECISION).read_text(encoding="utf-8"))
         by_batch = decision.get("by_batch") or {}
+        exact = decision.get("exact")  # the exact-shape fast path, if there was one
         dtypes = [array.dtype for array in reference]
         target = Target(source, signature, outputs, dtypes, self.options["objective"])
         backends = {}
-        for name in dict.fromkeys([decision["backend"], *by_batch.values()]):
+        names = [decision["backend"], *by_batch.values(), *([exact] if exact else [])]
+        for name in dict.fromkeys(names):
             if name not in BACKENDS:
                 raise KeyError(f"{name!r} is not a candidate of this infertune")
             backend = BACKENDS[name]()
@@ -168,6 +170,7 @@ class CacheEntry:
             output_dtypes=dtypes,
             options=self.options,
             by_batch={int(n): backends[name] for n, name in by_batch.items()} or None,
+            exact=backends[exact] if exact else None,
         )
 
     def _miss(self, why: str, progress: Progress) -> None:
@@ -208,8 +211,9 @@ class CacheEntry:
         try:
             opt.report.to_json(staging / REPORT)
             decision = {
-                "backend": opt.backend,
+                "backend": opt.general_backend,
                 "by_batch": {str(n): name for n, name in opt.backends_by_batch.items()},
+                "exact": opt.backend if opt.backend != opt.general_backend else None,
                 "backends": opt._options.get("backends"),
                 "saved_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                 "cache_key": self.material,

@@ -189,12 +189,30 @@ class InputSignature:
         return array
 
     # -- fresh inputs --------------------------------------------------------------------
-    def random_inputs(self, rng: np.random.Generator, batch: int | None = None) -> list[np.ndarray]:
-        """Inputs drawn like the sample: same shapes and dtypes, values in the sample's range."""
-        arrays = []
-        for spec, shape in zip(self.specs, self.concrete_shapes(batch)):
-            arrays.append(_draw(rng, spec, shape))
-        return arrays
+    def random_inputs(
+        self,
+        rng: np.random.Generator,
+        batch: int | None = None,
+        shapes: Sequence[tuple[int, ...]] | None = None,
+    ) -> list[np.ndarray]:
+        """Inputs drawn like the sample: its dtypes, values in its range, and its shapes (at
+        `batch` where given, or exactly `shapes`)."""
+        shapes = self.concrete_shapes(batch) if shapes is None else shapes
+        return [_draw(rng, spec, tuple(shape)) for spec, shape in zip(self.specs, shapes)]
+
+    def other_sizes(self, step: int) -> list[tuple[int, ...]] | None:
+        """The sample's shapes with every free dimension but the batch `step` larger (equal
+        sizes stay equal: a token ids input and its mask keep one length), or None where the
+        model fixes every dimension but the batch."""
+        if not any(None in spec.shape[1:] for spec in self.specs):
+            return None
+        return [
+            tuple(
+                size + step if axis and spec.shape[axis] is None else size
+                for axis, size in enumerate(shape)
+            )
+            for spec, shape in zip(self.specs, self.sample_shapes)
+        ]
 
     def concrete_shapes(self, batch: int | None = None) -> list[tuple[int, ...]]:
         shapes = []

@@ -56,7 +56,7 @@ from .target import Target
 from .tf_worker import OFFLOADABLE, OffloadedConversion
 from .verify import Comparison, compare_outputs
 
-__all__ = ["Budget", "Check", "prepare_all"]
+__all__ = ["Budget", "Check", "checks_for", "prepare_all"]
 
 
 def shared_stage(key: str) -> str:
@@ -71,6 +71,24 @@ class Check:
     label: str
     inputs: list[np.ndarray]
     reference: list[np.ndarray]
+
+    @property
+    def shapes(self) -> list[tuple[int, ...]]:
+        return [array.shape for array in self.inputs]
+
+
+def checks_for(backend: Backend, checks: list[Check]) -> list[Check]:
+    """The checks a candidate runs: all of them, or for one that runs only the sample's exact
+    shapes (`Backend.exact_shapes`), those of its shapes. Raises ValueError for a candidate
+    whose exact shapes are not the sample's (the first check's): it could serve no call."""
+    if backend.exact_shapes is None:
+        return checks
+    shapes = [tuple(shape) for shape in backend.exact_shapes]
+    if shapes != checks[0].shapes:
+        raise ValueError(
+            f"it runs only the input shapes {shapes}, which are not the sample's {checks[0].shapes}"
+        )
+    return [check for check in checks if check.shapes == shapes]
 
 
 @dataclass
@@ -400,9 +418,10 @@ def _start(state: _Candidate, run: _Run, background: ThreadPoolExecutor) -> bool
         if isolation.deadline() != math.inf and isolation.timeout_s is not None:
             allowed = isolation.timeout_s - (time.perf_counter() - started)
         state.stage = "rehearsal"
+        checks = checks_for(backend, run.checks)
         try:
             state.rehearsal = isolation.submit(
-                backend, run.target, [c.inputs for c in run.checks], allowed
+                backend, run.target, [c.inputs for c in checks], allowed
             )
         except RehearsalUnavailable as exc:
             isolation.fall_back(str(exc))
@@ -489,9 +508,13 @@ def _first_call_and_verify(
     """Time the first call, verify on every check (raises _Mismatch on a mismatch).
     `in_background`: in the background thread, its stages are timed apart (off this
     thread's timeline) and it shows nothing as the current stage."""
-    backend, checks, result = state.backend, run.checks, state.result
+    backend, result = state.backend, state.result
     name, deadline = backend.name, state.deadline
     stage = _background_stage if in_background else _stage
+    checks = checks_for(backend, run.checks)
+    if backend.exact_shapes is not None:
+        result.exact_shapes = [list(shape) for shape in backend.exact_shapes]
+        result.exact_reason = backend.exact_reason
     start = time.perf_counter()
     outputs = stage(
         state,
@@ -504,7 +527,7 @@ def _first_call_and_verify(
 
     def verify() -> Comparison:
         comparison = Comparison(True, "")
-        at_sample_batch = []
+        at_sample_shapes = []
         found_outputs = outputs
         for check in checks:
             if check is not checks[0]:
@@ -512,8 +535,8 @@ def _first_call_and_verify(
                 found_outputs = isolation.call(
                     lambda c=check: backend.run(c.inputs), deadline, "verification"
                 )
-                if _batch(check.inputs) == _batch(checks[0].inputs):
-                    at_sample_batch.append(time.perf_counter() - t0)
+                if check.shapes == checks[0].shapes:
+                    at_sample_shapes.append(time.perf_counter() - t0)
             found = compare_outputs(
                 found_outputs, check.reference, run.options.rtol, run.options.atol
             )
@@ -522,8 +545,8 @@ def _first_call_and_verify(
                     False, f"on {check.label}: {found.reason}", found.max_abs_err, found.max_rel_err
                 )
             comparison = comparison.merged(found)
-        if at_sample_batch:
-            run.call_estimates[name] = float(np.median(at_sample_batch))
+        if at_sample_shapes:
+            run.call_estimates[name] = float(np.median(at_sample_shapes))
         return comparison
 
     comparison = stage(
@@ -532,7 +555,13 @@ def _first_call_and_verify(
     result.max_abs_err, result.max_rel_err = comparison.max_abs_err, comparison.max_rel_err
     if not comparison:
         raise _Mismatch(comparison.reason)
-    run.progress.say(f"{name}: verified (relative error {comparison.max_rel_err:.1e})")
+    only = ""
+    if len(checks) < len(run.checks):
+        only = (
+            f", on the {len(checks)} inputs at the sample's shapes: it runs only those "
+            f"({backend.exact_reason})"
+        )
+    run.progress.say(f"{name}: verified (relative error {comparison.max_rel_err:.1e}{only})")
 
 
 def _background_stage(
@@ -551,10 +580,6 @@ def _background_stage(
 
 def _timeout(deadline: float | None) -> float | None:
     return None if deadline is None else max(0.0, deadline - time.perf_counter())
-
-
-def _batch(inputs: list[np.ndarray]) -> int | None:
-    return inputs[0].shape[0] if inputs and inputs[0].ndim else None
 
 
 class _Mismatch(Exception):

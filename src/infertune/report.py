@@ -30,6 +30,17 @@ class CandidateResult:
     throughput: float | None = None  # samples per second at the sample's batch size
     max_abs_err: float | None = None
     max_rel_err: float | None = None
+    # A candidate that runs only the sample's exact input shapes (Backend.exact_shapes):
+    # those shapes, and why it runs no other.
+    exact_shapes: list[list[int]] | None = None
+    exact_reason: str | None = None
+
+    @property
+    def exact_words(self) -> str:
+        """'serves only the sample's shapes ... (why)', or '' for a candidate of any shape."""
+        if self.exact_shapes is None:
+            return ""
+        return f"serves only the sample's shapes {_shapes(self.exact_shapes)} ({self.exact_reason})"
 
     @property
     def p50(self) -> float | None:
@@ -128,6 +139,10 @@ class Report:
     batches: list[BatchResult] = field(default_factory=list)  # one per tuned batch size
     latency_budget_ms: float | None = None
     stages: StageTimes | None = None  # where total_s went, stage by stage
+    # Where `selected` runs only the sample's exact shapes (an exact-shape fast path): the
+    # candidate chosen among those that run any shape, which serves every other call, and why.
+    other_shapes: str | None = None
+    other_shapes_reason: str = ""
 
     def stage_summary(self) -> str:
         """A few lines on where optimize()'s time went (the largest stages)."""
@@ -137,9 +152,11 @@ class Report:
 
     @property
     def backends_by_batch(self) -> dict[int, str]:
-        """{batch size: chosen candidate}; just the sample's where one batch size was tuned."""
+        """{batch size: chosen candidate}; just the sample's where one batch size was tuned.
+        Where an exact-shape candidate serves the sample's shapes, the choice among those that
+        run any shape (what every other call at that batch size gets)."""
         if not self.batches:
-            return {self.batch_size: self.selected}
+            return {self.batch_size: self.other_shapes or self.selected}
         return {b.batch_size: b.selected for b in self.batches}
 
     @property
@@ -228,6 +245,8 @@ class Report:
             "latency_budget_ms": self.latency_budget_ms,
             "max_batch_size_within_budget": self.max_batch_size_within_budget,
             "stages": self.stages.to_dict() if self.stages else None,
+            "other_shapes": self.other_shapes,
+            "other_shapes_reason": self.other_shapes_reason,
         }
 
     @classmethod
@@ -297,11 +316,14 @@ class Report:
                 lines.append("  ".join("-" * w for w in widths))
         lines.append("")
         for c in self.candidates:
-            if c.reason:
-                lines.append(f"  {c.name}: {c.reason}")
+            why = "; ".join(filter(None, (c.exact_words, c.reason)))
+            if why:
+                lines.append(f"  {c.name}: {why}")
         lines.extend(self._batch_table())
         lines.append("")
         lines.append(f"selected: {self.selected} ({self.selection_reason})")
+        if self.other_shapes:
+            lines.append(f"other shapes: {self.other_shapes} ({self.other_shapes_reason})")
         lines.extend(self.batch_summary())
         for note in self.notes:
             lines.append(f"note: {note}")
@@ -344,6 +366,11 @@ def _stats(data: dict) -> LatencyStats:
     for key in ("round_medians", "round_means"):
         data[key] = tuple(data.get(key, ()))
     return LatencyStats(**data)
+
+
+def _shapes(shapes: list) -> str:
+    """[[2, 25, 4]] -> (2, 25, 4); several inputs' shapes joined by commas."""
+    return ", ".join("(" + ", ".join(map(str, shape)) + ")" for shape in shapes)
 
 
 def _num(value: float | None) -> str:

@@ -10,6 +10,9 @@ A saved result is a directory:
     batch-backends/N/ where candidates differ by tuned batch size: the artifact of each
                       other chosen candidate (the manifest's "batch_backends", and "by_batch"
                       saying which batch size runs which)
+    exact-shapes/     where a candidate that runs only the sample's exact shapes serves calls
+                      at those shapes (the manifest's "exact_backend", with the shapes); the
+                      manifest's "backend" serves every other call
 
 Nothing in it executes code when loaded: no pickle; a .keras file is loaded in Keras' safe
 mode. load() refuses a directory whose files differ from the manifest (modified, missing or
@@ -80,10 +83,13 @@ def save(opt: Optimized, path: str | os.PathLike, extra: dict | None = None) -> 
     try:
         settings = _write_artifact(opt, backend, staging)
         others = _write_batch_backends(opt, staging)
+        exact = _write_exact_backend(opt, staging)
         opt.report.to_json(staging / REPORT)
         manifest = {**_manifest(opt, backend, settings, _hash_files(staging)), **(extra or {})}
         if others:
             manifest["batch_backends"] = others
+        if exact:
+            manifest["exact_backend"] = exact
         if len(opt.backends_by_batch) > 1:
             manifest["by_batch"] = {str(n): name for n, name in opt.backends_by_batch.items()}
         (staging / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
@@ -115,13 +121,32 @@ def _write_batch_backends(opt: Optimized, directory: Path) -> list[dict]:
     if opt._saved_from is not None:
         return opt._saved_from[1].get("batch_backends", [])
     entries = []
-    for i, backend in enumerate(opt.backends[1:]):
+    for i, backend in enumerate(opt._general_backends()[1:]):
         sub = f"batch-backends/{i}"
         (directory / sub).mkdir(parents=True)
         entries.append(
             {**_backend_entry(backend, _save_backend(backend, directory / sub)), "dir": sub}
         )
     return entries
+
+
+EXACT_DIR = "exact-shapes"
+
+
+def _write_exact_backend(opt: Optimized, directory: Path) -> dict | None:
+    """The artifact of the exact-shape fast path, if there is one, in its directory; its
+    manifest entry, with the input shapes it serves (a loaded result's is copied)."""
+    if opt._saved_from is not None:
+        return opt._saved_from[1].get("exact_backend")
+    if opt._exact is None:
+        return None
+    (directory / EXACT_DIR).mkdir()
+    settings = _save_backend(opt._exact, directory / EXACT_DIR)
+    return {
+        **_backend_entry(opt._exact, settings),
+        "dir": EXACT_DIR,
+        "shapes": [list(shape) for shape in opt.input_signature.sample_shapes],
+    }
 
 
 def _backend_entry(backend: Backend, settings: dict) -> dict:
@@ -247,22 +272,24 @@ def read_manifest(path: str | os.PathLike) -> dict:
 
 
 def _check_setting_paths(path: Path, manifest: dict) -> None:
-    """The files each backend's settings name ("file", "dir") are among the hashed files."""
+    """The files each backend's settings name ("file", "fixed_file", "dir") are among the
+    hashed files."""
     files = manifest["files"]
     entries = [(manifest["backend"], "")]
-    for entry in manifest.get("batch_backends", []):
+    exact = [manifest["exact_backend"]] if manifest.get("exact_backend") else []
+    for entry in [*manifest.get("batch_backends", []), *exact]:
         where = entry.get("dir")
         if not isinstance(where, str) or ".." in Path(where).parts:
             raise ArtifactError(f"{MANIFEST} in '{path}' names a bad directory: {where!r}.")
         entries.append((entry, f"{where}/"))
     for entry, prefix in entries:
-        for key in ("file", "dir"):
+        for key in ("file", "fixed_file", "dir"):
             value = entry["settings"].get(key)
             if value is None:
                 continue
             value = prefix + value if isinstance(value, str) else value
             listed = (
-                value in files if key == "file" else any(f.startswith(f"{value}/") for f in files)
+                any(f.startswith(f"{value}/") for f in files) if key == "dir" else value in files
             )
             if not isinstance(value, str) or ".." in Path(value).parts or not listed:
                 raise ArtifactError(
@@ -339,7 +366,7 @@ def load(
     manifest = read_manifest(path)
     verify_files(path, manifest)
     name = manifest["backend"]["name"]
-    entries = [manifest["backend"], *manifest.get("batch_backends", [])]
+    entries = _entries(manifest)
     classes = []
     for entry in entries:
         cls = backend_class(entry["kind"])
@@ -408,7 +435,7 @@ def _restore(path: Path, manifest: dict, classes: list[type[Backend]]) -> Optimi
     structure = Structure.from_dict(manifest["outputs"]["structure"])
     dtypes = [np.dtype(d) for d in manifest["outputs"]["dtypes"]]
     options = manifest["options"]
-    entries = [manifest["backend"], *manifest.get("batch_backends", [])]
+    entries = _entries(manifest)
     backends = {}
     for cls, entry in zip(classes, entries):
         # Each backend gets a target of its own: shared conversions are per artifact.
@@ -417,6 +444,7 @@ def _restore(path: Path, manifest: dict, classes: list[type[Backend]]) -> Optimi
         backends[entry["name"]] = _load_backend(cls, entry, where, target, manifest)
     report = Report.from_json(path / REPORT)
     by_batch = manifest.get("by_batch")
+    exact = manifest.get("exact_backend")
     return Optimized(
         backends[manifest["backend"]["name"]],
         signature,
@@ -426,7 +454,15 @@ def _restore(path: Path, manifest: dict, classes: list[type[Backend]]) -> Optimi
         options=options,
         saved_from=(path, manifest),
         by_batch={int(n): backends[name] for n, name in by_batch.items()} if by_batch else None,
+        exact=backends[exact["name"]] if exact else None,
     )
+
+
+def _entries(manifest: dict) -> list[dict]:
+    """The manifest entries of every backend the result runs: the general choice first, then
+    those chosen at other batch sizes, then the exact-shape fast path."""
+    exact = [manifest["exact_backend"]] if manifest.get("exact_backend") else []
+    return [manifest["backend"], *manifest.get("batch_backends", []), *exact]
 
 
 def _load_backend(

@@ -11,10 +11,13 @@ that backend has a parameter for them (ONNX Runtime threads, execution mode and 
 optimization level; OpenVINO's performance hint and bf16; XLA for TensorFlow graphs). What
 has no Triton equivalent is said in `TritonExport.notes`, and a candidate no Triton backend
 runs (LiteRT) is refused with the reason, unless it is exported for Triton's Python backend
-(`backend="python"`), where infertune itself runs the saved result. Input and output names,
-data types and dims are read from the artifact itself (the ONNX graph, the SavedModel's
-serving signature), so they are the names Triton will find. A future TensorRT candidate maps
-to platform "tensorrt_plan" with model.plan: one more entry in `_PLANS`.
+(`backend="python"`), where infertune itself runs the saved result. A result with an
+exact-shape fast path (a candidate that runs only the sample's shapes) exports the choice
+among the candidates that run any shape; only the Python backend keeps the fast path.
+Input and output names, data types and dims are read from the artifact itself (the ONNX
+graph, the SavedModel's serving signature), so they are the names Triton will find. A future
+TensorRT candidate maps to platform "tensorrt_plan" with model.plan: one more entry in
+`_PLANS`.
 """
 
 from __future__ import annotations
@@ -197,6 +200,24 @@ def export_saved(
                 f"{manifest['backend']['name']} (the choice at the sample's batch size) for "
                 f"every batch size, as a Triton model runs one artifact; backend='python' "
                 f"serves the choice per batch size"
+            )
+
+    exact = manifest.get("exact_backend")
+    if exact:
+        shapes = ", ".join(str(tuple(shape)) for shape in exact["shapes"])
+        if backend == "python":
+            plan.notes.append(
+                f"the result serves the sample's exact shapes {shapes} with {exact['name']} "
+                f"(it runs no other shape); the Python backend runs the whole result, so "
+                f"requests of exactly those shapes go to it"
+            )
+        else:
+            plan.notes.append(
+                f"the result serves the sample's exact shapes {shapes} with {exact['name']}, "
+                f"which runs no other shape; this repository holds "
+                f"{manifest['backend']['name']} (the choice among candidates that run any "
+                f"shape) for every request, as a Triton model runs one artifact; "
+                f"backend='python' keeps the fast path"
             )
 
     model_dir.mkdir(parents=True, exist_ok=True)

@@ -23,6 +23,10 @@ export, the TFLite conversion), after which `save_artifact` already works; the p
 rebuilds the backend from those files with `load_artifact` in a child process without
 TensorFlow and runs the verification inputs there first. Only when the child survives does
 prepare() compile the same files here.
+
+Exact shapes: a backend that can run only the sample's exact input shapes sets
+`exact_shapes` (in convert() or prepare()). The pipeline then verifies and measures it at
+those shapes only, and the callable sends it only calls of those shapes.
 """
 
 from __future__ import annotations
@@ -68,6 +72,14 @@ class Backend(ABC):
     # trace's time grows with the graph and the machine's speed as theirs do).
     conversions: ClassVar[tuple[str, ...]] = ()
     relative_cost: ClassVar[float] = 1.0
+    # The input shapes this prepared backend can run, where it runs only those (known once
+    # convert() or prepare() has run): the sample's, as LiteRT when TFLite converts the model
+    # at the sample's exact shapes but not with its free dimensions. None: any shape the
+    # model takes. Such a candidate is verified on the inputs of those shapes only and can
+    # serve only calls of exactly those shapes (the callable's fast path, see
+    # docs/how-it-works.md); `exact_reason` says why, in one line.
+    exact_shapes: list[tuple[int, ...]] | None = None
+    exact_reason: str = ""
 
     def available(self) -> str | None:
         """None if this backend can run here, else a one-line reason why not."""

@@ -5,7 +5,10 @@ the other TensorFlow candidates use (float32, no quantization), and run by ai-ed
 interpreter, whose default CPU delegate for float models is XNNPACK. Calls at the sample's
 shapes run a conversion made at exactly those shapes; every other batch size runs one whose
 batch dimension is -1: a new batch size resizes its input tensors once, and calls at an
-unchanged shape do no resizing.
+unchanged shape do no resizing. A model that TFLite converts only at the sample's exact shapes
+(a GRU's TensorList ops, a strided slice adding an axis over a free length) is an exact-shape
+candidate (`Backend.exact_shapes`): it runs those shapes only, and the callable sends every
+other call to the candidate chosen among those that run any shape.
 
 TFLite numbers its tensors in its own order (two outputs may come back swapped), so inputs and
 outputs are matched by name: inputs by the in_<i> names the TensorSpecs carry, outputs by the
@@ -26,6 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from ..environment import usable_cores
+from ..errors import one_line
 from ..models import tensor_specs
 from .base import Backend, Target
 
@@ -63,6 +67,10 @@ class LiteRT(Backend):
     ResNet50's), decided from the free model's operator list alone. On ResNet50, MobileNetV2
     and the tests' dense and convolutional models both conversions were made and compared:
     the same operators each time (tests/test_litert.py checks it where this decides).
+
+    Where the conversion with free dimensions fails and the one at the sample's exact shapes
+    succeeds, the backend runs that one alone: `exact_shapes` is the sample's shapes, and a
+    call at any other shape raises (the pipeline never makes one).
     """
 
     name = "litert"
@@ -82,9 +90,17 @@ class LiteRT(Backend):
         return None
 
     def convert(self, target: Target) -> None:
-        self._converted: Converted = target.shared("tflite", lambda: _convert(target))
         self._fixed: Converted | None = None
-        if all(None not in spec.shape for spec in target.signature.specs):
+        self.exact_shapes, self.exact_reason = None, ""
+        free_dimensions = any(None in spec.shape for spec in target.signature.specs)
+        try:
+            self._converted: Converted | None = target.shared("tflite", lambda: _convert(target))
+        except Exception as exc:
+            if not free_dimensions:
+                raise
+            self._convert_exact_only(target, exc)
+            return
+        if not free_dimensions:
             return  # the model fixes every dimension: the first conversion is the fixed one
         free = self._converted
         try:
@@ -92,14 +108,36 @@ class LiteRT(Backend):
         except Exception:  # the free-batch model runs the sample's shape too
             self._fixed = None
 
+    def _convert_exact_only(self, target: Target, free_error: Exception) -> None:
+        """The conversion with free dimensions failed: the one at the sample's exact shapes
+        alone, or both failures if it fails too."""
+        try:
+            self._fixed = target.shared("tflite-fixed", lambda: _convert(target, fixed=True))
+        except Exception as exc:
+            raise RuntimeError(
+                f"{_converter_error(free_error)} (with free dimensions; at the sample's exact "
+                f"shapes: {_converter_error(exc)})"
+            ) from free_error
+        self._converted = None
+        self.exact_shapes = target.signature.concrete_shapes()
+        self.exact_reason = (
+            f"its conversion with free dimensions failed: {_converter_error(free_error)}"
+        )
+
     def prepare(self, target: Target) -> None:
         self.convert(target)
         threads = self.threads or usable_cores()
         count, outputs = len(target.signature.specs), len(target.output_dtypes)
-        self._free = _Interpreters(self._converted, threads, count, outputs)
+        self._free = None
         self._fixed_run = None
         self._fixed_shapes = None
-        if self._fixed is not None:
+        if self._converted is None:  # the sample's exact shapes only
+            shapes = target.signature.concrete_shapes()
+            self._fixed_run = _Interpreters(self._fixed, threads, count, outputs, shapes)
+            self._fixed_shapes = shapes
+        else:
+            self._free = _Interpreters(self._converted, threads, count, outputs)
+        if self._fixed is not None and self._free is not None:
             shapes = target.signature.concrete_shapes()
             fixed = _Interpreters(self._fixed, threads, count, outputs, shapes)
             if _ops(fixed) == _ops(self._free):
@@ -125,22 +163,33 @@ class LiteRT(Backend):
         shapes = [array.shape for array in inputs]
         if shapes == self._fixed_shapes:
             return self._fixed_run.run(inputs, shapes)
-        return self._free.run(inputs, shapes)
+        return self._any_shape(shapes).run(inputs, shapes)
 
     def _run_one(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
         """`run` for one input and one output."""
         array = inputs[0]
         if array.shape == self._fixed_shape0:
             return self._fixed_run.run_one(array)
-        return self._free.run_one(array)
+        return self._any_shape([array.shape]).run_one(array)
+
+    def _any_shape(self, shapes: list[tuple[int, ...]]) -> _Interpreters:
+        """The free model's interpreters; an exact-shape backend has none (a ValueError)."""
+        if self._free is None:
+            raise ValueError(
+                f"this LiteRT candidate runs only the input shapes {self.exact_shapes} "
+                f"({self.exact_reason}); received shapes {shapes}"
+            )
+        return self._free
 
     def single_runner(self, shape: tuple[int, ...]) -> Callable[[np.ndarray], np.ndarray] | None:
         """One array of `shape` in, one out: the fixed-shape model's interpreters at the
-        sample's shape, the free-batch model's at any other."""
+        sample's shape, the free-batch model's at any other (none for an exact-shape one)."""
         if not self._one_in_one_out:
             return None
         if shape == self._fixed_shape0:
             return self._fixed_run.single(self._fixed_shape0)
+        if self._free is None:
+            return None
         return self._free.single(tuple(shape))
 
     def close(self) -> None:
@@ -150,24 +199,29 @@ class LiteRT(Backend):
         self._converted = self._fixed = None
 
     def save_artifact(self, directory: Path) -> dict:
-        """model.tflite (free batch), model-fixed.tflite (the sample's shapes) if there is
-        one, the thread count and the output names that map their tensors."""
-        (directory / "model.tflite").write_bytes(self._converted.content)
-        settings = {
-            "file": "model.tflite",
-            "threads": self.threads,
-            "output_names": list(self._converted.output_names),
-        }
+        """model.tflite (free batch) unless the backend runs the exact shapes only,
+        model-fixed.tflite (the sample's shapes) if there is one, the thread count and the
+        output names that map their tensors; for an exact-shape one, why it is one."""
+        settings: dict = {"threads": self.threads}
+        if self._converted is not None:
+            (directory / "model.tflite").write_bytes(self._converted.content)
+            settings["file"] = "model.tflite"
+        else:
+            settings["exact_reason"] = self.exact_reason
         if self._fixed is not None:
             (directory / "model-fixed.tflite").write_bytes(self._fixed.content)
             settings["fixed_file"] = "model-fixed.tflite"
+        settings["output_names"] = list((self._converted or self._fixed).output_names)
         return settings
 
     @classmethod
     def load_artifact(cls, directory: Path, settings: dict, target: Target) -> Backend:
         names = tuple(settings["output_names"])
-        content = (directory / settings["file"]).read_bytes()
-        target.preload("tflite", Converted(content, names))
+        file = settings.get("file")  # absent for an exact-shape backend
+        if file is not None:
+            target.preload("tflite", Converted((directory / file).read_bytes(), names))
+        else:
+            target.preload_failure("tflite", "the saved result runs the sample's shapes only")
         fixed = settings.get("fixed_file")  # absent in results saved before it existed
         if fixed is not None:
             target.preload("tflite-fixed", Converted((directory / fixed).read_bytes(), names))
@@ -175,6 +229,8 @@ class LiteRT(Backend):
             target.preload_failure("tflite-fixed", "not saved")
         backend = cls(settings["threads"])
         backend.prepare(target)
+        if file is None:
+            backend.exact_reason = settings.get("exact_reason") or backend.exact_reason
         return backend
 
 
@@ -384,6 +440,16 @@ def _convert(target: Target, fixed: bool = False) -> Converted:
     converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS]
     names = tuple(_tensor_name(tensor.name) for tensor in concrete.outputs)
     return Converted(converter.convert(), names)
+
+
+def _converter_error(exc: Exception) -> str:
+    """The converter's error in one line: its first MLIR diagnostic ("error: 'tf.X' op ...")
+    without the source location that precedes it (a path into TensorFlow's own files)."""
+    match = re.search(r"error: ([^\n]+)", str(exc))
+    if match is None:
+        return one_line(exc)
+    text = f"{type(exc).__name__}: {match.group(1).strip()}"
+    return text if len(text) <= 240 else text[:237] + "..."
 
 
 # The free-batch conversion ("tflite"), built by a worker process (tf_worker.py): the same
