@@ -203,7 +203,11 @@ def serve_until_interrupted(
         pass
     finally:
         print("infertune: stopping", flush=True)
-        serve.shutdown()
+        if address is not None:  # a cluster others use: remove this application only
+            serve.delete(model_name)
+        # A Ray of our own goes with everything on it, Serve included. Not serve.shutdown()
+        # first: a terminal's Ctrl-C reaches Ray's own processes too, and with its GCS gone
+        # serve.shutdown() waits out the GCS reconnect timeout (60 s) before it returns.
         ray.shutdown()
 
 
