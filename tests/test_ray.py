@@ -250,7 +250,11 @@ def test_serve_command_stops_on_ctrl_c(dense_saved, tmp_path):
         )
         started = _session(process.pid)
         os.killpg(process.pid, signal.SIGINT)
-        assert process.wait(timeout=60) == 0, log.read_text()[-3000:]
+        try:
+            code = process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"still running 60 s after Ctrl-C; its output:\n{log.read_text()[-3000:]}")
+        assert code == 0, log.read_text()[-3000:]
         assert not _still_running(started, timeout_s=30), "Ray processes outlived the server"
     finally:
         if process.poll() is None:

@@ -181,7 +181,11 @@ def serve_until_interrupted(
     model_name = served_name(Path(path).resolve(), name)
     app = deployment(path, max_batch_size=max_batch_size, num_replicas=num_replicas, name=name)
     stop = _Stop()
+    # Both set here, not left to Python's default: a process started in the background of a
+    # non-interactive shell (`cmd &` in a script, a CI job) inherits SIGINT as ignored, and
+    # Python then installs no KeyboardInterrupt handler: Ctrl-C would do nothing.
     signal.signal(signal.SIGTERM, stop.handle)
+    signal.signal(signal.SIGINT, stop.handle)
     if address is None:  # a Ray of our own, on this machine only when serving on loopback
         loopback = {"_node_ip_address": "127.0.0.1"} if host == "127.0.0.1" else {}
         ray.init(address="local", include_dashboard=False, logging_level=logging.WARNING,
@@ -203,16 +207,15 @@ def serve_until_interrupted(
         pass
     finally:
         print("infertune: stopping", flush=True)
-        if address is not None:  # a cluster others use: remove this application only
+        if address is None:
+            serve.shutdown()
+        else:  # a cluster others use: remove this application only
             serve.delete(model_name)
-        # A Ray of our own goes with everything on it, Serve included. Not serve.shutdown()
-        # first: a terminal's Ctrl-C reaches Ray's own processes too, and with its GCS gone
-        # serve.shutdown() waits out the GCS reconnect timeout (60 s) before it returns.
         ray.shutdown()
 
 
 class _Stop:
-    """SIGTERM ends the serving loop as Ctrl-C does."""
+    """SIGINT (Ctrl-C) or SIGTERM ends the serving loop."""
 
     requested = False
 
