@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import subprocess
 import sys
@@ -40,6 +39,7 @@ from timing import (
     machine_description,
     measure_runners,
     relative_error,
+    write_results,
 )
 
 import infertune
@@ -260,10 +260,7 @@ def main() -> int:
         ]
     )
     print(text)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "results.md").write_text(text + "\n", encoding="utf-8")
-    payload = {"environment": env, "results": results, "targets": targets}
-    (args.out / "results.json").write_text(json.dumps(payload, indent=2, default=str) + "\n")
+    write_results(args.out, text, env, results, targets)
     plot(results, args.out / "latency.png")
     return 0 if all(t.startswith("PASS") for t in targets) else 1
 

@@ -1,11 +1,14 @@
 """What the benchmarks share besides the by-hand runtimes (by_hand.py): what "exact" means,
-the output error, interleaved timing of zero-argument runners, the machine's description.
+the output error, interleaved timing of zero-argument runners, the machine's description,
+and where a run's results are written.
 """
 
 from __future__ import annotations
 
+import json
 import platform
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 
@@ -66,3 +69,12 @@ def machine_description(env: dict) -> str:
         f"{env['platform']}, Python {platform.python_version()}, "
         + ", ".join(f"{k} {v}" for k, v in env["packages"].items() if v)
     )
+
+
+def write_results(out: Path, text: str, env: dict, results: list, targets: list[str]) -> None:
+    """`out`/results.md (the printed tables) and `out`/results.json (everything, the
+    environment and the targets' verdicts included)."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.md").write_text(text + "\n", encoding="utf-8")
+    payload = {"environment": env, "results": results, "targets": targets}
+    (out / "results.json").write_text(json.dumps(payload, indent=2, default=str) + "\n")

@@ -42,7 +42,13 @@ from typing import Any
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import numpy as np
-from timing import EXACT_RTOL, ONNXRUNTIME_COOLDOWN_S, machine_description, relative_error
+from timing import (
+    EXACT_RTOL,
+    ONNXRUNTIME_COOLDOWN_S,
+    machine_description,
+    relative_error,
+    write_results,
+)
 
 RAW_RUNTIMES = ("tf.function", "tf.function+XLA", "onnxruntime", "openvino-f32", "litert")
 CHECK_BATCH = 4  # the other batch size the callable is checked at (the sample's is 1)
@@ -589,10 +595,7 @@ def main() -> int:
         ]
     )
     print(text)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "results.md").write_text(text + "\n", encoding="utf-8")
-    payload = {"environment": env, "results": results, "targets": targets}
-    (args.out / "results.json").write_text(json.dumps(payload, indent=2, default=str) + "\n")
+    write_results(args.out, text, env, results, targets)
     return 0 if all(t.startswith("PASS") for t in targets) else 1
 
 
