@@ -32,6 +32,17 @@ def rng():
     return np.random.default_rng(1234)
 
 
+@pytest.fixture(scope="module")
+def dense_saved(tmp_path_factory):
+    """dense_model() tuned on ONNX Runtime and saved as `.../dense`: what the serving tests
+    (Ray, the Open Inference Protocol) load."""
+    x = np.random.default_rng(0).standard_normal((4, 6)).astype("float32")
+    opt = infertune.optimize(
+        dense_model(), x, backends=["onnxruntime-cpu"], isolation="off", verbose=False
+    )
+    return opt.save(tmp_path_factory.mktemp("served") / "dense")
+
+
 def dense_model(in_dim: int = 6, out_dim: int = 3, seed: int = 0):
     import keras
 

@@ -117,15 +117,6 @@ def local_ray():
         assert had_ray_home or not ray_home.exists(), "the tests' Ray wrote ~/.ray"
 
 
-@pytest.fixture(scope="module")
-def dense_saved(tmp_path_factory):
-    x = np.random.default_rng(0).standard_normal((4, 6)).astype("float32")
-    opt = infertune.optimize(
-        dense_model(), x, backends=["onnxruntime-cpu"], isolation="off", verbose=False
-    )
-    return opt.save(tmp_path_factory.mktemp("ray") / "dense")
-
-
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -32,15 +32,6 @@ RTOL, ATOL = 1e-5, 1e-6
 
 
 @pytest.fixture(scope="module")
-def dense_saved(tmp_path_factory):
-    x = np.random.default_rng(0).standard_normal((4, 6)).astype("float32")
-    opt = infertune.optimize(
-        dense_model(), x, backends=["onnxruntime-cpu"], isolation="off", verbose=False
-    )
-    return opt.save(tmp_path_factory.mktemp("served") / "dense")
-
-
-@pytest.fixture(scope="module")
 def dict_saved(tmp_path_factory):
     sample = dict_sample(np.random.default_rng(0))
     opt = infertune.optimize(
