@@ -129,9 +129,8 @@ def assert_matches_model(model_outputs, outputs, rtol=1e-4, atol=1e-5):
         np.testing.assert_allclose(outputs, np.asarray(model_outputs), rtol=rtol, atol=atol)
 
 
-def prepared_backend(backend, model, sample):
-    """`backend` prepared on the Target that optimize() builds, outside the pipeline; with
-    the input signature."""
+def target_for(model, sample):
+    """The Target that optimize(model, sample) builds: what every conversion starts from."""
     from infertune.inputs import build_signature
     from infertune.models import load_model
     from infertune.target import Target
@@ -139,5 +138,12 @@ def prepared_backend(backend, model, sample):
     source = load_model(model)
     signature, flat = build_signature(sample, source.declared_inputs, source.default_float)
     reference, structure = source.call_flat(signature, flat)
-    backend.prepare(Target(source, signature, structure, [r.dtype for r in reference]))
-    return backend, signature
+    return Target(source, signature, structure, [r.dtype for r in reference])
+
+
+def prepared_backend(backend, model, sample):
+    """`backend` prepared on the Target that optimize() builds, outside the pipeline; with
+    the input signature."""
+    target = target_for(model, sample)
+    backend.prepare(target)
+    return backend, target.signature

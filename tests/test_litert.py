@@ -15,6 +15,7 @@ from conftest import (
     dict_sample,
     flatten_cnn,
     prepared_backend,
+    target_for,
 )
 
 import infertune
@@ -218,3 +219,34 @@ def test_unavailable_without_litert(monkeypatch):
     assert opt.report.candidate("litert").status == "unavailable"
     # The reference runs the same Keras model: the same float32 result up to round-off.
     assert_matches_model(model(sample), opt(sample), rtol=FP32_RTOL, atol=FP32_ATOL)
+
+
+@needs_litert
+def test_the_conversion_is_the_converters_own_byte_for_byte():
+    # litert._convert freezes without the ConcreteFunction TensorFlow's converter rebuilds;
+    # a model with captured constants (an adapted Normalization: captures that freezing
+    # turns into constants) and two inputs of two dtypes checks the inputs it passes on.
+    import keras
+    import tensorflow as tf
+
+    from infertune.backends import litert
+    from infertune.models import tensor_specs
+
+    sample = dict_sample(np.random.default_rng(0))
+    base = dict_model()
+    normalization = keras.layers.Normalization()
+    normalization.adapt(sample["features"])
+    features = keras.Input((4,), name="features")
+    tokens = keras.Input((5,), dtype="int32", name="tokens")
+    outputs = base({"features": normalization(features), "tokens": tokens})
+    model = keras.Model({"features": features, "tokens": tokens}, outputs)
+    target = target_for(model, sample)
+
+    ours = litert._convert(target).content
+    specs = tensor_specs(target.signature)
+    function = tf.function(target.source.graph_function(target.signature), input_signature=specs)
+    converter = tf.lite.TFLiteConverter.from_concrete_functions(
+        [function.get_concrete_function()], function
+    )
+    converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS]
+    assert ours == converter.convert()

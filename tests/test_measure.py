@@ -6,7 +6,14 @@ import time
 
 import pytest
 
-from infertune.measure import measure_interleaved, time_once, warm_up
+from infertune.measure import (
+    EARLY_RACE_RATIO,
+    RACE_RATIO,
+    RACE_ROUNDS,
+    measure_interleaved,
+    time_once,
+    warm_up,
+)
 
 
 def _busy(seconds):
@@ -19,14 +26,36 @@ def _busy(seconds):
 
 
 def test_interleaved_rounds_order_candidates_by_speed():
-    runners = {"slow": _busy(0.002), "fast": _busy(0.0005)}
+    runners = {"slower": _busy(0.0006), "fast": _busy(0.0005)}
     result = measure_interleaved(runners, budget_s=0.5, block_s=0.01)
-    slow, fast = result.stats["slow"], result.stats["fast"]
-    assert slow.rounds == fast.rounds >= 5  # interleaved: same number of rounds
-    # 4x apart by construction; half of that survives any scheduling noise.
-    assert slow.p50 > 2 * fast.p50
-    assert fast.n > slow.n  # a block holds more calls of the faster runner
+    slower, fast = result.stats["slower"], result.stats["fast"]
+    # interleaved: the same number of rounds; 1.2x apart, neither leaves them
+    assert slower.rounds == fast.rounds >= 5
+    assert slower.left_after is None and fast.left_after is None
+    # 1.2x apart by construction; the median over every call keeps the order
+    assert slower.p50 > fast.p50
     assert fast.p50 >= 0.5  # ms: a busy-wait of 0.5 ms cannot be timed shorter
+
+
+def test_a_candidate_far_behind_another_in_every_round_leaves_the_rounds():
+    # Busy-waits 4x, 2x and 1.2x the fastest: the gaps hold round by round whatever the
+    # scheduling noise, and 2x sits between the two ratios of the race.
+    assert RACE_RATIO < 2 < EARLY_RACE_RATIO < 4
+    runners = {
+        "slow": _busy(0.002),
+        "fast": _busy(0.0005),
+        "close": _busy(0.0006),
+        "behind": _busy(0.001),  # 2x: under the first rounds' 3x, over RACE_RATIO after
+    }
+    result = measure_interleaved(runners, budget_s=0.5, block_s=0.01)
+    slow, fast, close, behind = (result.stats[n] for n in ("slow", "fast", "close", "behind"))
+    assert behind.left_after == behind.rounds == RACE_ROUNDS
+    # 4x: more than the first rounds' 3x, it leaves after two; it keeps its statistics
+    assert slow.left_after == slow.rounds == 2
+    assert slow.p50 > 2 * fast.p50
+    assert fast.rounds == close.rounds > RACE_ROUNDS  # the two close ones are measured on
+    assert fast.left_after is None and close.left_after is None
+    assert fast.n > slow.n  # a block holds more calls of the faster runner
 
 
 def test_failing_runner_is_reported_and_dropped():
@@ -78,4 +107,6 @@ def test_a_runner_far_slower_than_its_estimate_cannot_spend_the_budget_in_one_bl
         runners, budget_s=0.5, block_s=0.01, per_call_estimate_s={"degraded": 1e-5}
     )
     assert time.perf_counter() - started < 1.0
-    assert result.stats["degraded"].rounds == result.stats["steady"].rounds >= 5
+    assert result.stats["steady"].rounds >= 5
+    # 4x slower in every round: it leaves them after two, with statistics over those
+    assert result.stats["degraded"].rounds == 2

@@ -25,7 +25,14 @@ from .gpu import enable_tf_memory_growth
 from .inputs import InputSignature, build_signature
 from .isolation import DEFAULT_CANDIDATE_TIMEOUT_S, ISOLATIONS, Isolation
 from .machine import MachineRecord
-from .measure import LatencyStats, clearly_slower, measure_interleaved, time_once, warm_up
+from .measure import (
+    RACE_RATIO,
+    LatencyStats,
+    clearly_slower,
+    measure_interleaved,
+    time_once,
+    warm_up,
+)
 from .models import ModelSource, load_model
 from .optimized import Optimized
 from .planning import Probe, after_candidates_s, learn_from_run
@@ -785,6 +792,12 @@ def _select(
             r.reason = (
                 f"clearly slower than {winner.name} round by round ({unit} {cost(r):.4g} ms, "
                 f"{winner.name} {cost(winner):.4g} ms)"
+            )
+    for r in measured + over_budget:
+        if r.latency.left_after is not None and r is not chosen:
+            r.reason += (
+                f"; measured {r.latency.left_after} rounds: more than {RACE_RATIO:g}x slower "
+                f"than another in each, it left the rest"
             )
     return chosen, why
 

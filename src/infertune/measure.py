@@ -10,6 +10,10 @@ at five times its planned length, so a candidate far slower than its warm-up sai
 spend the budget in one block.
 Measurement stops when every candidate's last three round medians agree within
 `stable_rel`, or when the budget runs out; the statistics say how many calls they rest on.
+A candidate slower than another by far in every round so far (3x over two rounds, or
+`RACE_RATIO` over three or more) leaves the rounds (`LatencyStats.left_after`): it cannot be
+chosen, and ResNet50's eager call (300 ms against ONNX Runtime's 17) took half of every
+round's time from the candidates that can.
 """
 
 from __future__ import annotations
@@ -26,6 +30,9 @@ import numpy as np
 from .errors import one_line
 
 __all__ = [
+    "RACE_RATIO",
+    "RACE_ROUNDS",
+    "EARLY_RACE_RATIO",
     "LatencyStats",
     "MeasureResult",
     "clearly_slower",
@@ -50,6 +57,7 @@ class LatencyStats:
     stable: bool  # the last three round medians agreed within the stability tolerance
     round_medians: tuple[float, ...] = ()  # ms, one per interleaved round, in round order
     round_means: tuple[float, ...] = ()
+    left_after: int | None = None  # the round it left the measurement in, far behind another
 
     @classmethod
     def from_samples(
@@ -58,6 +66,7 @@ class LatencyStats:
         round_medians_s: list[float],
         stable: bool,
         round_means_s: list[float] = (),
+        left_after: int | None = None,
     ) -> LatencyStats:
         ms = np.asarray(samples_s) * 1e3
         rounds_ms = np.asarray(round_medians_s) * 1e3
@@ -79,6 +88,7 @@ class LatencyStats:
             stable=stable,
             round_medians=tuple(float(v) for v in rounds_ms),
             round_means=tuple(float(v) * 1e3 for v in round_means_s),
+            left_after=left_after,
         )
 
     def to_dict(self) -> dict:
@@ -164,6 +174,7 @@ def measure_interleaved(
     means: dict[str, list[float]] = {name: [] for name in runners}
     errors: dict[str, str] = {}
     order = list(runners)
+    left: dict[str, int] = {}  # candidates far behind another: the round they left in
     rounds = 0
     while order and rounds < max_rounds:
         # Rotate the order each round so no candidate always runs right after another.
@@ -181,8 +192,11 @@ def measure_interleaved(
             medians[name].append(float(np.median(block)))
             means[name].append(float(np.mean(block)))
             estimate[name] = medians[name][-1]
-        order = [name for name in order if name not in errors]
         rounds += 1
+        order = [name for name in order if name not in errors]
+        for name in _far_behind(order, medians, means):
+            left[name] = rounds
+        order = [name for name in order if name not in left]
         elapsed = time.perf_counter() - start
         if on_round is not None:
             on_round(rounds, elapsed)
@@ -192,10 +206,14 @@ def measure_interleaved(
             break
     stats = {
         name: LatencyStats.from_samples(
-            samples[name], medians[name], _is_stable(medians[name], stable_rel), means[name]
+            samples[name],
+            medians[name],
+            _is_stable(medians[name], stable_rel),
+            means[name],
+            left.get(name),
         )
-        for name in order
-        if samples[name]
+        for name in runners
+        if name not in errors and samples[name]
     }
     return MeasureResult(stats, errors, time.perf_counter() - start)
 
@@ -228,6 +246,35 @@ def _time_block(fn: Callable[[], Any], calls: int, max_s: float = math.inf) -> l
         if gc_was_enabled:
             gc.enable()
     return times
+
+
+# A candidate leaves the rounds once another was faster than it by more than the ratio, in
+# both the round's median and its mean, in every round so far: 3x over the first two rounds,
+# RACE_RATIO from the third on. The selection (api._select) keeps only candidates within a few
+# percent of the fastest, and a gap that large in each of several interleaved rounds is no
+# load spike.
+RACE_RATIO = 1.5
+RACE_ROUNDS = 3  # from this round on the ratio is RACE_RATIO
+EARLY_RACE_RATIO = 3.0  # over the first RACE_ROUNDS - 1 rounds (two at least)
+
+
+def _far_behind(
+    order: list[str], medians: dict[str, list[float]], means: dict[str, list[float]]
+) -> list[str]:
+    """The candidates in `order` that another in it beat by the race's ratio in every round."""
+    rounds = len(medians[order[0]]) if order else 0
+    if rounds < 2:
+        return []
+    ratio = RACE_RATIO if rounds >= RACE_ROUNDS else EARLY_RACE_RATIO
+
+    def behind(a: str, b: str) -> bool:
+        return all(
+            slow > ratio * fast
+            for per_round in (medians, means)
+            for slow, fast in zip(per_round[a], per_round[b], strict=True)
+        )
+
+    return [a for a in order if any(behind(a, b) for b in order if b != a)]
 
 
 def _is_stable(round_medians: list[float], stable_rel: float) -> bool:

@@ -216,13 +216,18 @@ def prepare_all(
         if background is not None:
             background.shutdown(wait=False)  # every task was waited for, or abandoned
         target.close_offloaded()
+        target.release_traced()  # every conversion that starts from it is made
     return run.contenders, run.call_estimates, tried
 
 
 # A shared conversion expected to take at least this long goes to a worker process: its
 # start (importing TensorFlow, loading the model: about 5 s on two cores) runs beside this
-# process's work, and the conversion beside the ONNX export (tf_worker.py).
-OFFLOAD_MIN_S = 4.0
+# process's work, and the conversion beside the ONNX export (tf_worker.py). Since the TFLite
+# conversion stopped rebuilding its frozen function (3-4 s for ResNet50 128x128 alone), the
+# worker costs more than it saves at that size: optimize() took 31.7 s with it (the worker
+# busy 17 s, this process waiting 6.4 s for it) and 28.8 s without, on the quiet 2-core
+# machine (benchmarks/tuning_time.py --models resnet50).
+OFFLOAD_MIN_S = 15.0
 
 
 def _free_core() -> str | None:

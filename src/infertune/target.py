@@ -38,6 +38,27 @@ class Target:
     _offloaded: dict[str, Any] = field(default_factory=dict, repr=False)
     notes: list[str] = field(default_factory=list, repr=False)  # for the report
     offloaded_seconds: dict[str, float] = field(default_factory=dict, repr=False)
+    _traced: tuple[Any, Any] | None = field(default=None, repr=False)
+
+    def traced(self) -> tuple[Any, Any]:
+        """The model as one tf.function of its flat inputs, batch free, and its concrete
+        function: traced once (ResNet50: 0.9 s) for the ONNX export and the TFLite
+        conversion, which both start from it; the time counts in whichever needed it first.
+        `release_traced()` lets the graph go once the conversions are made."""
+        if self._traced is None:
+            import tensorflow as tf
+
+            from .models import tensor_specs
+
+            specs = tensor_specs(self.signature)
+            function = tf.function(
+                self.source.graph_function(self.signature), input_signature=specs
+            )
+            self._traced = (function, function.get_concrete_function())
+        return self._traced
+
+    def release_traced(self) -> None:
+        self._traced = None
 
     def shared(self, key: str, build: Callable[[], Any]) -> Any:
         """Build a conversion once and share it (or its failure) between backends."""
