@@ -170,7 +170,7 @@ def _optimize(
         environment = collect_environment()
     record = MachineRecord(fingerprint(environment))
     with progress.timed("FLOP count", text="counting the model's arithmetic (one trace of it)"):
-        probe = _probe(source, signature, sample, checks, call_s)
+        probe = _probe(source, signature, sample, checks, call_s, record.peak_gflops)
     budget = _budget(options, first_call_s, probe, record)
 
     results: list[CandidateResult] = []
@@ -497,12 +497,13 @@ def _probe(
     sample: list[np.ndarray],
     checks: list[Check],
     call_s: float,
+    peak_gflops: float | None,
 ) -> Probe:
     """What the candidates' order and the budget are planned from: one trace of the model at
     the sample's shapes gives its arithmetic (the diagnosis' count too), its op types and the
     trace's time; the model's own call time comes from the verification inputs."""
     flops, note, op_types, trace_s = trace_and_count(source.graph_function(signature), sample)
-    return Probe(flops, note, op_types, trace_s, call_s, len(checks))
+    return Probe(flops, note, op_types, trace_s, call_s, len(checks), peak_gflops)
 
 
 def _budget(options: _Options, first_call_s: float, probe: Probe, record: MachineRecord):

@@ -23,7 +23,9 @@ from typing import Any
 
 __all__ = ["PEAK_EVERY", "MachineRecord", "machine_file"]
 
-_VERSION = 1
+# 2: a candidate's estimate counts its calls at the runtime's likely speed, not the model's
+# eager call (planning.Probe.runtime_call_s): corrections learned before would misapply.
+_VERSION = 2
 _EMA = 0.5  # weight of the newest run in a learned correction: follows a changed load fast
 PEAK_EVERY = 10  # runs between two measurements of the peak
 

@@ -54,10 +54,12 @@ _ORDER = {
 _LITERT_HARD = ("While", "StatelessWhile", "If", "StatelessIf", "TensorListReserve")
 
 # Shared conversions: (seconds whatever the model, seconds per second of one trace of it),
-# measured on the 2-core machine (ResNet50, MobileNetV2, the small CNN), before corrections.
+# measured inside optimize() on the 2-core machine, before corrections: ResNet50 128x128 (a
+# 1.2 s trace) exported to ONNX in 5.8 s and to TFLite in 4.7-5.7 s, MobileNetV2 224 (0.5 s)
+# in 1.9 and 1.3 s, the small CNN in 0.2 s each.
 CONVERSION_COSTS = {
-    "onnx": (0.5, 7.0),
-    "tflite": (0.5, 5.0),
+    "onnx": (0.3, 4.5),
+    "tflite": (0.3, 4.0),
     "onnx-int8": (0.3, 2.0),
 }
 # The share of a conversion spent in one native call that holds the GIL: a stage abandoned
@@ -92,6 +94,13 @@ class Probe:
     trace_s: float = 0.0  # one trace of the model at the sample's shapes, here, now
     call_s: float = 0.0  # the model's own call on the sample (steady, not the first)
     checks: int = 1  # verification inputs
+    peak_gflops: float | None = None  # the machine's float32 rate, where the record knows it
+
+    @property
+    def runtime_call_s(self) -> float:
+        """A compiled candidate's likely call: what its verification calls cost. Not the
+        model's eager call: ResNet50's takes 0.3 s, ONNX Runtime's 17 ms."""
+        return candidate_call_s(self, self.peak_gflops)
 
     @property
     def regime(self) -> str:
@@ -149,11 +158,18 @@ def estimate_s(
         seconds = conversion_estimate_s(key, probe, record)
         parts.append(f"{key} conversion ~{seconds:.1f} s")
         total += seconds
-    own = backend.relative_cost * probe.trace_s + _CALL_FACTOR * probe.checks * probe.call_s
+    own = _raw_candidate_s(backend, probe)
     own = _corrected(f"candidate {family(backend.name)}", own, record)
     parts.append(f"compile and verification ~{own:.1f} s")
     total += own
     return total, " + ".join(parts)
+
+
+def _raw_candidate_s(backend: Backend | type[Backend], probe: Probe) -> float:
+    """A candidate's own work before corrections: its compile (scaled by the trace) and its
+    calls before it is measured (the model's own call, for the reference)."""
+    call_s = probe.call_s if backend.relative_cost == 0 else probe.runtime_call_s
+    return backend.relative_cost * probe.trace_s + _CALL_FACTOR * probe.checks * call_s
 
 
 def conversion_estimate_s(key: str, probe: Probe, record: MachineRecord | None) -> float:
@@ -206,7 +222,7 @@ def learn_from_run(
     for cls, name in candidates:
         if statuses.get(name) not in ("ok", "selected", "mismatch") or name not in times.candidates:
             continue
-        raw = cls.relative_cost * probe.trace_s + _CALL_FACTOR * probe.checks * probe.call_s
+        raw = _raw_candidate_s(cls, probe)
         # Its work wherever it ran (this thread, the background thread, the rehearsal
         # child), not this thread's wall time alone: how much overlapped depends on what
         # else the run had to do, and under a budget it may be little.
