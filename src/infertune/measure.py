@@ -177,7 +177,8 @@ def measure_interleaved(
     left: dict[str, int] = {}  # candidates far behind another: the round they left in
     rounds = 0
     while order and rounds < max_rounds:
-        # Rotate the order each round so no candidate always runs right after another.
+        # Rotate the order each round: each candidate opens a round in turn (after the
+        # previous round's last block and the cooldown), none is always first or last.
         shift = rounds % len(order)
         for name in order[shift:] + order[:shift]:
             calls = max(1, min(1000, int(block_s / max(estimate.get(name, block_s), 1e-7))))

@@ -38,6 +38,7 @@ __all__ = [
     "learn_from_run",
     "order_candidates",
     "regime",
+    "uninterruptible_s",
 ]
 
 # A model whose call does at least this much arithmetic is compute-bound on CPUs like these
@@ -167,7 +168,8 @@ def estimate_s(
 
 def _raw_candidate_s(backend: Backend | type[Backend], probe: Probe) -> float:
     """A candidate's own work before corrections: its compile (scaled by the trace) and its
-    calls before it is measured (the model's own call, for the reference)."""
+    calls before it is measured. A candidate with no compile (relative_cost 0: keras-eager,
+    the model's own call) calls at the model's own speed."""
     call_s = probe.call_s if backend.relative_cost == 0 else probe.runtime_call_s
     return backend.relative_cost * probe.trace_s + _CALL_FACTOR * probe.checks * call_s
 

@@ -66,7 +66,6 @@ def read_onnx(directory: Path, settings: dict) -> OnnxExport:
 
 
 def _convert(target: Target) -> OnnxExport:
-
     start = time.perf_counter()
     specs = tensor_specs(target.signature)
     _, concrete = target.traced()
@@ -212,8 +211,10 @@ def _without_proto_updates(make_pass: Callable[[], Any]) -> Callable[[], Any]:
     After every pass tf2onnx copies each node's inputs, outputs and attributes back into its
     NodeProto (`Graph.update_proto`), constants' weights included: 24 copies of ResNet50's
     100 MB, 2.6 s of its 6.3 s export. The passes read the nodes' own fields, never the
-    protobufs, and `Graph.make_graph` updates every NodeProto once at the end, so the ONNX
-    model comes out byte for byte the same (tests/test_export.py checks it).
+    protobufs, and `Graph.make_graph` updates every NodeProto once at the end: the same ops
+    in the same order, the same initializers, the same outputs (tests/test_export.py checks
+    it; only the names tf2onnx numbers from a process-wide counter differ, as between any
+    two of its own conversions).
     """
 
     def make() -> Any:
