@@ -167,6 +167,25 @@ def test_a_shared_conversion_is_estimated_once():
     assert after < before
 
 
+def test_a_heavy_model_s_slow_eager_call_does_not_inflate_the_candidates_estimates():
+    # ResNet50 at 128x128 here: 2.5 GFLOP, an eager call of 0.3 s, ONNX Runtime's 17 ms.
+    # Counting five verification calls at the eager speed overestimated OpenVINO's own work
+    # 3x, and a 20 s budget skipped the candidate it would have chosen without one.
+    from infertune.backends.keras_eager import KerasEager
+    from infertune.backends.openvino import OpenVinoCpu
+
+    probe = Probe(
+        flops=2_500_000_000, flops_note="", trace_s=1.0, call_s=0.3, checks=5, peak_gflops=180.0
+    )
+    assert probe.runtime_call_s < probe.call_s / 5  # 2.5 GFLOP at a quarter of 180 GFLOP/s
+    compiled, _ = estimate_s(OpenVinoCpu(), probe, {"onnx"}, None)
+    eager_calls = 2.5 * probe.checks * probe.call_s  # what the calls alone counted before
+    assert compiled < OpenVinoCpu.relative_cost * probe.trace_s + eager_calls / 2
+    # The model's own call stays the model's own: keras-eager runs at the eager speed.
+    own, _ = estimate_s(KerasEager(), probe, set(), None)
+    assert own >= probe.checks * probe.call_s
+
+
 def test_costs_learned_here_correct_the_estimates(tmp_path):
     record = MachineRecord("fingerprint", tmp_path / "machine.json")
     from infertune.backends.litert import LiteRT as LiteRTBackend
