@@ -31,7 +31,11 @@ from conftest import dense_model, dict_model, dict_sample
 
 import infertune
 
-http = pytest.importorskip("tritonclient.http", reason='pip install "tritonclient[http]"')
+try:
+    import tritonclient.http as http
+# ImportError: no tritonclient; RuntimeError: tritonclient installed without its http extra
+except (ImportError, RuntimeError) as exc:
+    pytest.skip(f'pip install "tritonclient[http]" ({exc})', allow_module_level=True)
 from tritonclient.utils import InferenceServerException  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
