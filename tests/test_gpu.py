@@ -402,6 +402,8 @@ def test_cuda_graph_call_serves_the_sample_shape_and_the_plain_path_the_others()
     x = rng.standard_normal((4, 6)).astype("float32")
     backend, _ = prepared_backend(IoBindingOnCpu(cuda_graph=True), model, x)
     assert backend._graph is not None and backend._plan.uses_graph([x.shape])
+    # Its calls go through its own run (the bound buffers), never the CPU session's shortcut.
+    assert backend.single_runner(x.shape) is None
     expected = np.asarray(model(x))
     # 1e-5: float32 kernels of ONNX Runtime vs TensorFlow's on the same CPU: round-off only.
     np.testing.assert_allclose(backend._graph.run([x])[0], expected, rtol=1e-5, atol=1e-6)

@@ -128,3 +128,35 @@ def test_structure_round_trip():
     assert structure.pack(leaves) == {"a": 4, "b": [1, (2, 3)]}
     assert Structure.from_dict(structure.to_dict()) == structure
     assert structure.leaf_names() == ["a", "b[0]", "b[1][0]", "b[1][1]"]
+
+
+@pytest.fixture(scope="module")
+def free_size_opt():
+    """A CNN over images of any height and width (3 channels): the call path that checks the
+    dtype, the rank and the channels inline (optimized._calling_free)."""
+    import keras
+
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((None, None, 3))
+    hidden = keras.layers.Conv2D(4, 3, activation="relu")(inputs)
+    model = keras.Model(inputs, keras.layers.GlobalAveragePooling2D()(hidden))
+    sample = np.random.default_rng(0).random((2, 12, 12, 3), "float32")
+    return model, infertune.optimize(model, sample, backends=["onnxruntime-cpu"], verbose=False)
+
+
+@pytest.mark.parametrize("shape", [(2, 12, 12, 3), (1, 20, 9, 3), (5, 7, 7, 3)])
+def test_a_free_size_input_runs_at_any_size(free_size_opt, shape):
+    model, opt = free_size_opt
+    x = np.random.default_rng(1).random(shape, "float32")
+    # ONNX Runtime against TensorFlow: float32 round-off of a 3x3 convolution and a mean
+    np.testing.assert_allclose(opt(x), model(x), rtol=1e-5, atol=1e-6)
+
+
+def test_a_free_size_input_still_has_its_fixed_dimensions_and_dtype_checked(free_size_opt):
+    _, opt = free_size_opt
+    with pytest.raises(infertune.InputError, match=r"shape \(1, 8, 8, 4\); dimension 3 must be 3"):
+        opt(np.zeros((1, 8, 8, 4), "float32"))
+    with pytest.raises(infertune.InputError, match=r"has rank 3"):
+        opt(np.zeros((8, 8, 3), "float32"))
+    x64 = np.random.default_rng(2).random((1, 9, 9, 3))  # float64: cast, as for fixed sizes
+    np.testing.assert_array_equal(opt(x64), opt(x64.astype("float32")))

@@ -94,6 +94,13 @@ class InputSignature:
             and None not in first.shape[1:]
             else None
         )
+        # One input with a free batch and other free dimensions too (an image of any size,
+        # a sequence of any length): (dtype, rank, its fixed (axis, size) pairs).
+        self.free_check = (
+            (first.dtype, len(first.shape), self._fixed[0])
+            if self._single and first.shape and first.shape[0] is None and self.fast_check is None
+            else None
+        )
 
     @property
     def names(self) -> list[str]:

@@ -214,7 +214,38 @@ def _calling(backend: Backend, signature: InputSignature, outputs: Structure) ->
             return run(flatten(x))[0]
 
         return call_one
+    if outputs.kind == "leaf" and signature.free_check is not None:
+        return _calling_free(run, flatten, *signature.free_check)
     return lambda x: pack(run(flatten(x)))
+
+
+def _calling_free(
+    run: Callable, flatten: Callable, dtype: np.dtype, rank: int, fixed: tuple
+) -> Callable:
+    """The call path of one array in and one out whose non-batch dimensions are partly free
+    (an image of any size, a sequence of any length): its dtype, rank and fixed dimensions
+    checked inline. Through signature.flatten, a free-size CNN's 160 us calls took 2.5 us
+    more, measured interleaved (each layer of Python costs 2-3 times more right after a
+    runtime's call has cooled the caches than in a loop alone: 0.9 us for the whole path
+    there); anything that does not fit goes through signature.flatten as before."""
+    ndarray = np.ndarray
+    if len(fixed) == 1:  # the usual: channels or features fixed, the rest free
+        ((axis, size),) = fixed
+
+        def call_one(x: Any) -> Any:
+            if type(x) is ndarray and x.dtype is dtype and x.ndim == rank and x.shape[axis] == size:
+                return run([x])[0]
+            return run(flatten(x))[0]
+
+        return call_one
+
+    def call_any(x: Any) -> Any:
+        fits = type(x) is ndarray and x.dtype is dtype and x.ndim == rank
+        if fits and all(x.shape[axis] == size for axis, size in fixed):
+            return run([x])[0]
+        return run(flatten(x))[0]
+
+    return call_any
 
 
 def _dispatching(

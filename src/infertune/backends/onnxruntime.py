@@ -134,6 +134,20 @@ class OnnxRuntimeCpu(Backend):
     def run(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
         return self._session.run(self._output_names, dict(zip(self._input_names, inputs)))
 
+    def single_runner(self, shape: tuple[int, ...]) -> Callable[[np.ndarray], np.ndarray] | None:
+        """One array in, one out, at any shape: the session's run without the lists. None
+        where a subclass runs the session its own way (CUDA: bound device buffers)."""
+        if type(self).run is not OnnxRuntimeCpu.run:
+            return None
+        if len(self._input_names) != 1 or len(self._output_names) != 1:
+            return None
+        names, name = self._output_names, self._input_names[0]
+
+        def run_one(array: np.ndarray) -> np.ndarray:
+            return self._session.run(names, {name: array})[0]
+
+        return run_one
+
     def close(self) -> None:
         self._session = None
         self._saved = None
