@@ -26,13 +26,15 @@ class TfFunction(Backend):
     def prepare(self, target: Target) -> None:
         import tensorflow as tf
 
-        specs = tensor_specs(target.signature)
-        self._fn = tf.function(
-            target.source.graph_function(target.signature),
-            input_signature=specs,
-            jit_compile=self.jit_compile,
-        )
-        self._fn.get_concrete_function()  # trace now: tracing belongs to prepare_s
+        if self.jit_compile:
+            self._fn = tf.function(
+                target.source.graph_function(target.signature),
+                input_signature=tensor_specs(target.signature),
+                jit_compile=True,
+            )
+            self._fn.get_concrete_function()  # trace now: tracing belongs to prepare_s
+        else:  # the very function the ONNX export and the TFLite conversion start from
+            self._fn, _ = target.traced()
         self._owner = target.source.owner  # its variables are what the saved function reads
 
     def run(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
