@@ -250,3 +250,11 @@ def test_the_conversion_is_the_converters_own_byte_for_byte():
     )
     converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS]
     assert ours == converter.convert()
+
+    # On these versions the shortcut is taken: TensorFlow's private freezing functions are
+    # where litert._frozen looks (if they move, it freezes the slow way, and this fails).
+    def slow_way():
+        raise AssertionError("litert._frozen fell back to the converter's own freezing")
+
+    graph_def, inputs, outputs, _ = litert._frozen(target.traced()[1], slow_way)
+    assert [t.name for t in inputs] == ["in_0:0", "in_1:0"] and len(outputs) == 2

@@ -439,7 +439,9 @@ def _convert(target: Target, fixed: bool = False) -> Converted:
     # (freeze the variables, convert the graph): tensors keep their graph names (in_0,
     # Identity_1), and there is no SavedModel round trip through a temporary directory.
     converter = tf.lite.TFLiteConverter.from_concrete_functions([concrete], function)
-    converter._freeze_concrete_function = partial(_frozen, concrete)
+    converter._freeze_concrete_function = partial(
+        _frozen, concrete, converter._freeze_concrete_function
+    )
     converter.optimizations = []  # no quantization: float32 weights and arithmetic
     # Builtin ops only: an op without a builtin kernel fails the conversion here, rather than
     # needing TensorFlow's kernels (SELECT_TF_OPS) inside the interpreter.
@@ -448,22 +450,28 @@ def _convert(target: Target, fixed: bool = False) -> Converted:
     return Converted(converter.convert(), names)
 
 
-def _frozen(concrete: Any) -> tuple[Any, list, list, None]:
+def _frozen(concrete: Any, converters_own: Callable[[], tuple]) -> tuple[Any, list, list, Any]:
     """What the converter's own `_freeze_concrete_function` returns, without the
     ConcreteFunction it rebuilds from the frozen graph (half of ResNet50's conversion: 3.7 s
     of 7.8): the converter reads only the graph and the input and output tensors' names,
     shapes and dtypes, which the traced function has too; its fourth value, the rebuilt
     function, feeds grappler, which the MLIR converter with builtin ops never runs. The
-    flatbuffer comes out byte for byte the same (tests/test_litert.py checks it).
+    flatbuffer comes out byte for byte the same (tests/test_litert.py checks it). Where
+    TensorFlow's private freezing functions moved, `converters_own` freezes: the same
+    result, slower (tests/test_litert.py fails on the pinned versions if that happens).
     """
     import tensorflow as tf
-    from tensorflow.python.framework import convert_to_constants
-    from tensorflow.python.util import object_identity
 
-    data = convert_to_constants._FunctionConverterDataInEager(
-        func=concrete, lower_control_flow=False, aggressive_inlining=False
-    )
-    graph_def, converted = convert_to_constants._replace_variables_by_constants(converter_data=data)
+    try:
+        from tensorflow.python.framework import convert_to_constants
+        from tensorflow.python.util import object_identity
+
+        data_class = convert_to_constants._FunctionConverterDataInEager
+        replace = convert_to_constants._replace_variables_by_constants
+    except (ImportError, AttributeError):
+        return converters_own()
+    data = data_class(func=concrete, lower_control_flow=False, aggressive_inlining=False)
+    graph_def, converted = replace(converter_data=data)
     # The captures frozen into constants are no longer inputs (as in the rebuilt function).
     captures = concrete.graph.internal_captures
     frozen = object_identity.ObjectIdentitySet(captures[index] for index in converted)

@@ -196,9 +196,11 @@ def _optimized(onnx_graph: Callable[[], Any]) -> Any:
     from tf2onnx import optimizer
 
     graph = onnx_graph()
-    tf2onnx_passes = optimizer._get_optimizers().items()
-    passes = {name: _without_proto_updates(make) for name, make in tf2onnx_passes}
     try:
+        # Where tf2onnx's private `_get_optimizers` or a pass's `_optimize` moved, this
+        # raises, and its own passes (with their protobuf updates) run below instead.
+        tf2onnx_passes = optimizer._get_optimizers().items()
+        passes = {name: _without_proto_updates(make) for name, make in tf2onnx_passes}
         return optimizer.optimize_graph(graph, catch_errors=False, optimizers=passes)
     except Exception as exc:  # a pass of tf2onnx failed: redo with the failing passes skipped
         logging.getLogger("tf2onnx").debug("optimizer pass failed, converting again: %s", exc)
