@@ -11,6 +11,7 @@ import os
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -720,10 +721,8 @@ def _select(
             over_budget = [r for r in measured if r.latency.p99 > latency_budget_ms]
             measured = within
 
-    def cost(r: CandidateResult) -> float:  # ms per call by the objective's statistic
-        return r.latency.p50 if objective == "latency" else r.latency.mean
-
-    statistic = "median" if objective == "latency" else "mean"
+    statistic, unit = _STATISTICS[objective]
+    cost = partial(_cost, objective=objective)
     by_cost = sorted(measured, key=cost)
     fastest = by_cost[0]
     beaten = {  # the fastest candidate clearly faster than r, if any
@@ -744,7 +743,6 @@ def _select(
     chosen = min(tied, key=lambda r: _tie_key(r, objective))
     chosen.status = "selected"
     baseline = results[0]
-    unit = "p50" if objective == "latency" else "mean"
     why = f"{unit} {cost(chosen):.4g} ms"
     if baseline is not chosen and baseline.latency is not None and cost(baseline) > cost(chosen):
         why += f", {cost(baseline) / cost(chosen):.1f}x faster than {baseline.name}"
@@ -803,6 +801,15 @@ def _select(
     return chosen, why
 
 
+# What each objective ranks candidates by: (the per-round statistic, its name in reasons).
+_STATISTICS = {"latency": ("median", "p50"), "throughput": ("mean", "mean")}
+
+
+def _cost(r: CandidateResult, objective: str) -> float:
+    """ms per call by the objective's statistic."""
+    return r.latency.p50 if objective == "latency" else r.latency.mean
+
+
 # How far above the lowest median (mean, for throughput) a candidate that nothing beats
 # round by round still ties: the stability tolerance of the measurement (measure.py).
 _TIE_REL = 0.05
@@ -829,12 +836,8 @@ def _select_exact_shape(
     picked, why = _select([stand_in, *measured], options.objective, options.latency_budget_ms)
     if picked is stand_in:
         return None, ""
-    latency = options.objective == "latency"
-    statistic, unit = ("median", "p50") if latency else ("mean", "mean")
-
-    def cost(r: CandidateResult) -> float:  # ms per call by the objective's statistic
-        return r.latency.p50 if latency else r.latency.mean
-
+    statistic, unit = _STATISTICS[options.objective]
+    cost = partial(_cost, objective=options.objective)
     budget = options.latency_budget_ms
     beyond_noise = (
         clearly_slower(general.latency, picked.latency, statistic=statistic)

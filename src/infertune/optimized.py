@@ -118,14 +118,7 @@ class Optimized:
         """run(flat inputs) of the general choice: by batch size where that differs."""
         if not self._by_batch or len(self._general_backends()) < 2:
             return self._backend.run
-        top, chosen = _per_batch(self._by_batch)
-        run_at = [backend.run for backend in chosen]
-
-        def run(flat: list[np.ndarray]) -> list[np.ndarray]:
-            n = len(flat[0])
-            return run_at[n if n <= top else top](flat)
-
-        return run
+        return _batch_runner(self._by_batch)
 
     def save(self, path: str | os.PathLike) -> Path:
         """Write this result to the directory `path` (new or empty): the chosen candidate's
@@ -229,7 +222,9 @@ def _calling_free(
     runtime's call has cooled the caches than in a loop alone: 0.9 us for the whole path
     there); anything that does not fit goes through signature.flatten as before."""
     ndarray = np.ndarray
-    if len(fixed) == 1:  # the usual: channels or features fixed, the rest free
+    # The usual case, channels or features fixed and the rest free, without the generator of
+    # the general check: 0.27 us a call against 0.76 us, in a loop, with a no-op run.
+    if len(fixed) == 1:
         ((axis, size),) = fixed
 
         def call_one(x: Any) -> Any:
@@ -257,7 +252,7 @@ def _dispatching(
     top, chosen = _per_batch(by_batch)
     paths = {id(b): _calling(b, signature, outputs) for b in by_batch.values()}
     path_at = [paths[id(b)] for b in chosen]  # batch size -> call path taking x
-    run_at = [b.run for b in chosen]  # batch size -> run taking flat arrays
+    run_flat = _batch_runner(by_batch)
     ndarray = np.ndarray
     single = signature.structure.kind == "leaf"
     flatten, pack = signature.flatten, outputs.packer()
@@ -266,11 +261,21 @@ def _dispatching(
         if single and type(x) is ndarray and x.ndim:
             n = x.shape[0]
             return path_at[n if n <= top else top](x)
-        flat = flatten(x)
-        n = len(flat[0])
-        return pack(run_at[n if n <= top else top](flat))
+        return pack(run_flat(flatten(x)))
 
     return call
+
+
+def _batch_runner(by_batch: dict[int, Backend]) -> Callable[[list[np.ndarray]], list[np.ndarray]]:
+    """run(flat inputs) by the inputs' batch size: the run of the candidate chosen for it."""
+    top, chosen = _per_batch(by_batch)
+    run_at = [backend.run for backend in chosen]  # batch size -> run taking flat arrays
+
+    def run(flat: list[np.ndarray]) -> list[np.ndarray]:
+        n = len(flat[0])
+        return run_at[n if n <= top else top](flat)
+
+    return run
 
 
 def _per_batch(by_batch: dict[int, Backend]) -> tuple[int, list[Backend]]:

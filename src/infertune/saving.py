@@ -276,8 +276,7 @@ def _check_setting_paths(path: Path, manifest: dict) -> None:
     hashed files."""
     files = manifest["files"]
     entries = [(manifest["backend"], "")]
-    exact = [manifest["exact_backend"]] if manifest.get("exact_backend") else []
-    for entry in [*manifest.get("batch_backends", []), *exact]:
+    for entry in _entries(manifest)[1:]:  # the others, each in a directory of its own
         where = entry.get("dir")
         if not isinstance(where, str) or ".." in Path(where).parts:
             raise ArtifactError(f"{MANIFEST} in '{path}' names a bad directory: {where!r}.")
