@@ -80,7 +80,7 @@ def by_hand_runners(model, sample) -> tuple[dict, dict, bytes]:
 
 def direct_runner(opt, model_bytes: bytes, sample, runners: dict):
     """The chosen runtime called directly, with infertune's chosen settings: (label, runner)."""
-    backend = opt._backend  # the benchmark reads the chosen settings to rebuild them by hand
+    backend = opt.backends[0]  # the benchmark reads the chosen settings to rebuild them by hand
     if opt.backend.startswith("onnxruntime-cpu") and not opt.backend.endswith("int8"):
         options = backend.settings.session_options()
         return "direct", by_hand.onnxruntime_session(model_bytes, sample, options)
@@ -108,9 +108,9 @@ def run_case(case: str, budget_s: float) -> dict:
     print(f"[bench] {case}: measuring {len(runners)} runners", file=sys.stderr, flush=True)
     # ONNX Runtime's spinning workers keep a core busy after each call (see OrtSettings):
     # wait it out after their blocks, as infertune's own measurement does.
-    cooldown = {"onnxruntime": ONNXRUNTIME_COOLDOWN_S, "infertune": opt._backend.cooldown_s}
+    cooldown = {"onnxruntime": ONNXRUNTIME_COOLDOWN_S, "infertune": opt.backends[0].cooldown_s}
     if direct_label == "direct":
-        cooldown["direct"] = opt._backend.cooldown_s
+        cooldown["direct"] = opt.backends[0].cooldown_s
     measured = measure_runners(runners, budget_s=budget_s, cooldown_s=cooldown)
     p50 = {label: s.p50 for label, s in measured.stats.items()}
     exact = {

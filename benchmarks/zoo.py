@@ -394,7 +394,7 @@ def run_model(name: str, budget_s: float) -> dict:
         "optimize_s": optimize_s,
         "selected": opt.backend,
         "selection_reason": report.selection_reason,
-        "other_shapes": report.other_shapes,
+        "general_backend": report.general_backend,
         "candidates": candidates,
         "exact_mismatch": {
             c["name"]: c["reason"]

@@ -15,16 +15,13 @@ if "INFERTUNE_MACHINE_FILE" not in os.environ:
     atexit.register(shutil.rmtree, _machine_dir, ignore_errors=True)
     os.environ["INFERTUNE_MACHINE_FILE"] = os.path.join(_machine_dir, "machine.json")
 
+# Measure for 0.3 s instead of 5 s (settings.py): tests check correctness, benchmarks speed.
+os.environ.setdefault("INFERTUNE_MEASURE_S", "0.3")
+
 import numpy as np
 import pytest
 
-import infertune.api
-
-
-@pytest.fixture(autouse=True)
-def short_measurement(monkeypatch):
-    """Measure for 0.3 s instead of 5 s: tests check correctness, benchmarks check speed."""
-    monkeypatch.setattr(infertune.api, "DEFAULT_MEASURE_S", 0.3)
+import infertune
 
 
 @pytest.fixture

@@ -82,7 +82,7 @@ def test_a_new_process_hits_the_cache_and_fingerprints_agree(tmp_path):
     """Keys must not depend on what a process makes up: layer-name and function counters, ids
     of captured variables, the hash seed. The child traces other functions first and runs
     under another PYTHONHASHSEED; a tf.Module (fingerprinted by its traced graph) must agree."""
-    from infertune.cache import model_fingerprint
+    from infertune.deploy.cache import model_fingerprint
     from infertune.inputs import build_signature
     from infertune.models import load_model
 
@@ -101,7 +101,7 @@ def test_a_new_process_hits_the_cache_and_fingerprints_agree(tmp_path):
         sys.path.insert(0, {str(Path(__file__).parent)!r})
         import infertune
         from conftest import dense_model
-        from infertune.cache import model_fingerprint
+        from infertune.deploy.cache import model_fingerprint
         from infertune.inputs import build_signature
         from infertune.models import load_model
 

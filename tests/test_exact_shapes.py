@@ -19,9 +19,7 @@ import numpy as np
 import pytest
 
 import infertune
-from infertune.api import _Options, _select_exact_shape
 from infertune.backends.tf_function import TfFunction
-from infertune.measure import LatencyStats
 from infertune.report import CandidateResult, Report
 
 needs_litert = pytest.mark.skipif(
@@ -98,7 +96,7 @@ def test_a_gru_is_served_by_litert_at_the_sample_shape_and_by_the_general_choice
     # eager model in hundreds: the fast path is taken, and the rest goes to the general choice.
     assert opt.backend == "litert" and litert.status == "selected", str(report)
     assert opt.general_backend in ("tf-function", "keras-eager")
-    assert report.other_shapes == opt.general_backend
+    assert report.general_backend == opt.general_backend
     assert set(opt.backends_by_batch.values()) <= {"tf-function", "keras-eager"}
     # At another batch size LiteRT was neither measured nor eligible.
     at_8 = next(b for b in report.batches if b.batch_size == 8)
@@ -106,7 +104,7 @@ def test_a_gru_is_served_by_litert_at_the_sample_shape_and_by_the_general_choice
     assert "litert" in next(b for b in report.batches if b.batch_size == 2).latency
     text = str(report)
     assert "litert: serves only the sample's shapes (2, 6, 4)" in text
-    assert f"other shapes: {opt.general_backend}" in text
+    assert f"every other shape: {opt.general_backend}" in text
     assert "random input at other sizes of the free dimensions (2, 38, 4)" in text
 
     exact, general = backend_named(opt, "litert"), backend_named(opt, opt.general_backend)
@@ -147,10 +145,11 @@ def test_save_load_and_cache_keep_the_fast_path(tmp_path):
     assert opt.backend == "litert", str(opt.report)
     saved = opt.save(tmp_path / "saved")
     manifest = json.loads((saved / "manifest.json").read_text())
-    assert manifest["exact_backend"]["name"] == "litert"
-    assert manifest["exact_backend"]["shapes"] == [[2, 6, 4]]
-    assert manifest["backend"]["name"] == opt.general_backend
-    assert not (saved / "exact-shapes" / "model.tflite").exists()  # no free-length model
+    assert manifest["choice"]["exact_shape"] == {"backend": "litert", "shapes": [[2, 6, 4]]}
+    assert manifest["choice"]["general"] == opt.general_backend
+    entry = next(e for e in manifest["backends"] if e["name"] == "litert")
+    assert entry["dir"] == "exact-shape"
+    assert not (saved / "exact-shape" / "model.tflite").exists()  # no free-length model
 
     loaded = infertune.load(saved, verbose=False)
     assert (loaded.backend, loaded.general_backend) == (opt.backend, opt.general_backend)
@@ -256,43 +255,17 @@ def test_a_model_that_refuses_other_sizes_is_verified_without_them(capsys):
     assert opt.report.candidate("tf-function").status in ("ok", "selected")
 
 
-# -- the selection rule ----------------------------------------------------------------------
-def _result(name: str, round_ms: list[float], prepare_s: float) -> CandidateResult:
-    stats = LatencyStats.from_samples(
-        [ms / 1e3 for ms in round_ms], [ms / 1e3 for ms in round_ms], True
-    )
-    return CandidateResult(name, "ok", latency=stats, prepare_s=prepare_s, max_rel_err=1e-7)
-
-
-def test_an_exact_shape_candidate_must_be_faster_beyond_noise():
-    options = _Options.checked(1e-3, 1e-5, "latency", None, ("fp32",))
-    general = _result("general", [1.00, 0.97, 1.00, 0.97, 1.00, 0.97], prepare_s=5.0)
-    general.status = "selected"
-    # Within noise (faster in half the rounds, medians 1.5% apart) and cheaper to start: it
-    # would win _select's tie, but a tie stays with the general choice.
-    tied = _result("tied", [0.98, 0.99, 0.98, 0.99, 0.98, 0.99], prepare_s=0.1)
-    fast, _ = _select_exact_shape([general, tied], {"tied"}, general, options)
-    assert fast is None and tied.status == "ok" and "within noise of general" in tied.reason
-    assert general.status == "selected" and general.reason == ""
-    # Three times faster in every round: the fast path.
-    quick = _result("quick", [0.33, 0.32, 0.33, 0.32, 0.33, 0.32], prepare_s=0.1)
-    fast, why = _select_exact_shape([general, quick], {"quick"}, general, options)
-    assert fast is quick and quick.status == "selected"
-    assert "faster than general" in why and "general serves the others" in why
-    assert "which quick serves" in general.reason
-
-
-def test_the_report_round_trips_the_fast_path():
+def test_the_report_round_trips_the_exact_shape_path():
     result = CandidateResult(
         "litert", "selected", exact_shapes=[[2, 6, 4]], exact_reason="its conversion failed"
     )
     report = Report(
         model="m", signature="x", batch_size=2, objective="latency", rtol=1e-3, atol=1e-5,
         candidates=[result], environment={}, selected="litert", selection_reason="fast",
-        total_s=1.0, other_shapes="onnxruntime-cpu", other_shapes_reason="general",
+        total_s=1.0, general_backend="onnxruntime-cpu", general_reason="general",
     )  # fmt: skip
     again = Report.from_dict(json.loads(report.to_json()))
-    assert again.other_shapes == "onnxruntime-cpu"
+    assert again.general_backend == "onnxruntime-cpu"
     assert again.candidates[0].exact_shapes == [[2, 6, 4]]
     assert again.backends_by_batch == {2: "onnxruntime-cpu"}
-    assert "other shapes: onnxruntime-cpu (general)" in str(again)
+    assert "every other shape: onnxruntime-cpu (general)" in str(again)

@@ -165,7 +165,7 @@ import sys
 import numpy as np
 from crashing_backends import HangsAtCompile
 from infertune.inputs import build_signature
-from infertune.isolation import Isolation
+from infertune.pipeline.isolation import Isolation
 from infertune.structure import flatten
 from infertune.target import Target
 
@@ -174,10 +174,10 @@ signature, sample = build_signature(x, None, np.float32)
 isolation = Isolation("process", None)
 isolation.start()
 print(isolation._worker._process.pid, flush=True)
-isolation.rehearse(
+isolation.submit(
     HangsAtCompile(), Target(None, signature, flatten(x)[1], [np.dtype("float32")]), [sample],
-    float("inf"),
-)
+    None,
+).wait()
 """
 
 

@@ -32,7 +32,7 @@ def test_chosen_settings_are_the_ones_called():
     model = dense_model()
     opt = infertune.optimize(model, sample, backends=["onnxruntime-cpu:threads=1"], verbose=False)
     if opt.backend == "onnxruntime-cpu:threads=1":
-        options = opt._backend._session.get_session_options()
+        options = opt.backends[0]._session.get_session_options()
         assert options.intra_op_num_threads == 1
     x = np.random.default_rng(3).standard_normal((5, 6)).astype("float32")
     assert_matches_model(model(x), opt(x), rtol=1e-4)  # float32 round-off of a 2-layer MLP
@@ -78,7 +78,7 @@ def test_int8_is_off_by_default_and_follows_the_tolerance(tmp_path):
     # backends/onnxruntime.py), checked in the model file, not through an error level.
     loose.save(tmp_path / "int8")
     manifest = json.loads((tmp_path / "int8" / "manifest.json").read_text())
-    assert manifest["backend"]["settings"]["quantization"] == {
+    assert manifest["backends"][0]["settings"]["quantization"] == {
         "weight_type": "QInt8", "per_channel": True, "reduce_range": True,
     }  # fmt: skip
     assert "per channel" in OnnxRuntimeCpuInt8.precision_note

@@ -14,7 +14,6 @@ import pytest
 from conftest import dense_model, dict_model, dict_sample
 
 import infertune
-import infertune.api
 from infertune.backends.onnxruntime import OnnxRuntimeCpu
 from infertune.inputs import InputSignature, build_signature
 
@@ -25,10 +24,8 @@ X = np.random.default_rng(7).standard_normal((5, 6)).astype("float32")
 
 
 def tune(model, sample, backends, **options):
-    """optimize() with a short measurement: these tests check files and outputs, not speed."""
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(infertune.api, "DEFAULT_MEASURE_S", 0.3)
-        opt = infertune.optimize(model, sample, backends=backends, verbose=False, **options)
+    """optimize() (its short measurement is conftest's): these tests check files and outputs."""
+    opt = infertune.optimize(model, sample, backends=backends, verbose=False, **options)
     wanted = backends[0] if isinstance(backends[0], str) else backends[0].name
     assert opt.backend == wanted, str(opt.report)
     return opt
@@ -50,14 +47,17 @@ def ort_copy(saved_ort, tmp_path):
 def test_manifest_records_the_artifact_settings_signature_and_environment(saved_ort):
     opt, path = saved_ort
     manifest = json.loads((path / "manifest.json").read_text())
-    assert manifest["format_version"] == 1 and manifest["infertune_version"] == "0.1.0"
-    backend = manifest["backend"]
+    assert manifest["format_version"] == 2 and manifest["infertune_version"] == "0.1.0"
+    assert manifest["choice"]["general"] == "onnxruntime-cpu:threads=1"
+    (backend,) = manifest["backends"]
     assert backend["name"] == "onnxruntime-cpu:threads=1" and backend["kind"] == "onnxruntime-cpu"
     assert backend["settings"]["session"]["intra_op_threads"] == 1
     assert sorted(manifest["files"]) == ["model.onnx", "report.json"]
     assert len(manifest["files"]["model.onnx"]["sha256"]) == 64
     assert manifest["inputs"] == opt.input_signature.to_dict()
-    assert manifest["outputs"]["dtypes"] == ["float32"]
+    assert manifest["outputs"]["specs"] == [
+        {"name": "output", "dtype": "float32", "shape": [None, 3]}
+    ]
     assert manifest["environment"]["packages"]["onnxruntime"] and manifest["fingerprint"]
     assert not any(p.suffix in (".pkl", ".pickle") for p in path.iterdir())
 
@@ -170,7 +170,6 @@ def test_a_missing_runtime_names_the_extra_and_retune_falls_back(tmp_path, monke
         infertune.load(path)
     with pytest.raises(infertune.OptionError, match="needs the original model"):
         infertune.load(path, on_mismatch="retune")
-    monkeypatch.setattr(infertune.api, "DEFAULT_MEASURE_S", 0.3)
     opt = infertune.load(path, model=model, sample_input=X, on_mismatch="retune", verbose=False)
     assert opt.backend == "keras-eager"  # the only candidate left that runs here
     assert opt.report.candidate("openvino-cpu").status == "unavailable"

@@ -16,12 +16,12 @@ from crashing_backends import RaisesInChild, SegfaultsAtFirstCall
 
 import infertune
 from infertune.backends.litert import LiteRT, _convert, _Interpreters, _ops, reads_shapes
-from infertune.diagnosis import machine_peak
 from infertune.inputs import build_signature
-from infertune.isolation import CandidateCrashed, Isolation, RehearsalError
 from infertune.machine import PEAK_EVERY, MachineRecord
 from infertune.models import load_model
-from infertune.planning import Probe, estimate_s, order_candidates
+from infertune.pipeline.diagnosis import machine_peak
+from infertune.pipeline.isolation import CandidateCrashed, Isolation, RehearsalError
+from infertune.pipeline.planning import Probe, estimate_s, order_candidates
 from infertune.report import Report
 from infertune.stages import CANDIDATE_STAGES
 from infertune.structure import flatten
@@ -226,7 +226,7 @@ def test_flops_counted_without_freezing_are_the_frozen_count():
         convert_variables_to_constants_v2,
     )
 
-    from infertune.diagnosis import trace_and_count
+    from infertune.pipeline.diagnosis import trace_and_count
 
     model = conv_model()
     sample = np.zeros((2, 12, 12, 3), np.float32)
@@ -279,10 +279,8 @@ def test_shape_arithmetic_still_gets_the_fixed_conversion():
 
 @needs_litert
 def test_a_conversion_made_in_a_worker_process_runs_as_one_made_here(monkeypatch):
-    import infertune.preparing as preparing
-
-    monkeypatch.setattr(preparing, "OFFLOAD_MIN_S", 0.0)  # a tiny model's conversion too
-    monkeypatch.setattr(preparing, "_free_core", lambda: None)  # whatever the machine's load
+    # A tiny model's conversion too, whatever the machine's load (settings.py).
+    monkeypatch.setenv("INFERTUNE_TF_WORKER", "always")
     model = conv_model()
     sample = np.random.default_rng(0).random((2, 12, 12, 3), dtype=np.float32)
     opt = infertune.optimize(model, sample, backends=["litert"], verbose=False)

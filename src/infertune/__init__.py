@@ -8,8 +8,9 @@ opt.save("tuned/")                              # infertune.load("tuned/") resto
 
 from __future__ import annotations
 
-from .api import available_backends, optimize
-from .diagnosis import Diagnosis
+from ._version import __version__ as __version__
+from .api import available_backends, load, optimize
+from .deploy.triton import TritonExport
 from .errors import (
     ArtifactError,
     EnvironmentMismatchError,
@@ -21,12 +22,11 @@ from .errors import (
 )
 from .explain import explain
 from .optimized import Optimized
-from .report import CandidateResult, Report
-from .saving import load
-from .triton import TritonExport
+from .report import BatchResult, CandidateResult, Diagnosis, Report
 
 __all__ = [
     "ArtifactError",
+    "BatchResult",
     "CandidateResult",
     "Diagnosis",
     "EnvironmentMismatchError",
@@ -43,5 +43,3 @@ __all__ = [
     "load",
     "optimize",
 ]
-
-__version__ = "0.1.0"

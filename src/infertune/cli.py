@@ -203,6 +203,7 @@ def main(argv: list[str] | None = None) -> int:
 def _optimize(args: argparse.Namespace) -> int:
     from .models import load_model
 
+    _check_save(args)
     source = load_model(args.path)
     sample = _sample(args, source.declared_inputs)
     return _tune_and_print(source, sample, args)
@@ -227,8 +228,18 @@ def _explain(args: argparse.Namespace) -> int:
 def _demo(args: argparse.Namespace) -> int:
     from .demo import demo_model
 
+    _check_save(args)
     model, sample = demo_model(args.model)
     return _tune_and_print(model, sample, args)
+
+
+def _check_save(args: argparse.Namespace) -> None:
+    """--save DIR must be new or empty: said before any long work, not after tuning."""
+    if args.save:
+        from .paths import user_path
+        from .result.saved import check_target
+
+        check_target(user_path(args.save))
 
 
 def _tune_and_print(model, sample, args: argparse.Namespace) -> int:
@@ -259,7 +270,7 @@ def _tune_and_print(model, sample, args: argparse.Namespace) -> int:
 
 
 def _export_triton(args: argparse.Namespace) -> int:
-    from .triton import export_saved
+    from .deploy.triton import export_saved
 
     print(export_saved(args.saved, args.repository, args.name, args.version,
                        args.max_batch_size, args.backend))  # fmt: skip
@@ -267,7 +278,7 @@ def _export_triton(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from .saving import read_manifest
+    from .result.saved import read_manifest
 
     read_manifest(args.saved)  # a wrong directory fails before Ray starts
     try:

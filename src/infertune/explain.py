@@ -9,9 +9,10 @@ import numpy as np
 
 from .api import optimize
 from .backends import Backend
-from .diagnosis import Diagnosis, advise, measure_retracing, predict_vs_call
 from .models import load_model
+from .pipeline.diagnosis import advise, measure_retracing, predict_vs_call
 from .progress import Progress
+from .report import Diagnosis
 
 __all__ = ["explain"]
 

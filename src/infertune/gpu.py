@@ -308,10 +308,6 @@ class Profile:
                 )
         return False
 
-    def max_batch(self) -> int | None:
-        batches = {high[0] for _, _, _, high in self.shapes if high}
-        return batches.pop() if len(batches) == 1 else None
-
     def ort_options(self) -> dict[str, str]:
         """The TensorRT EP options trt_profile_{min,opt,max}_shapes ("in_0:1x3x224x224,...")."""
         options = {}

@@ -7,11 +7,18 @@ import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from .diagnosis import Diagnosis
 from .measure import LatencyStats
 from .stages import StageTimes
 
-__all__ = ["BatchResult", "CandidateResult", "Report", "STATUSES"]
+__all__ = [
+    "BatchResult",
+    "CandidateResult",
+    "Diagnosis",
+    "PathRate",
+    "Report",
+    "Retracing",
+    "STATUSES",
+]
 
 STATUSES = ("selected", "ok", "mismatch", "failed", "unavailable", "timeout", "skipped")
 
@@ -139,24 +146,18 @@ class Report:
     batches: list[BatchResult] = field(default_factory=list)  # one per tuned batch size
     latency_budget_ms: float | None = None
     stages: StageTimes | None = None  # where total_s went, stage by stage
-    # Where `selected` runs only the sample's exact shapes (an exact-shape fast path): the
+    # Where `selected` is the exact-shape path (it runs only the sample's exact shapes): the
     # candidate chosen among those that run any shape, which serves every other call, and why.
-    other_shapes: str | None = None
-    other_shapes_reason: str = ""
-
-    def stage_summary(self) -> str:
-        """A few lines on where optimize()'s time went (the largest stages)."""
-        if self.stages is None:
-            return f"optimize() took {self.total_s:.1f} s (no stage breakdown recorded)"
-        return self.stages.summary()
+    general_backend: str | None = None
+    general_reason: str = ""
 
     @property
     def backends_by_batch(self) -> dict[int, str]:
         """{batch size: chosen candidate}; just the sample's where one batch size was tuned.
-        Where an exact-shape candidate serves the sample's shapes, the choice among those that
+        Where the exact-shape path serves the sample's shapes, the choice among those that
         run any shape (what every other call at that batch size gets)."""
         if not self.batches:
-            return {self.batch_size: self.other_shapes or self.selected}
+            return {self.batch_size: self.general_backend or self.selected}
         return {b.batch_size: b.selected for b in self.batches}
 
     @property
@@ -245,14 +246,17 @@ class Report:
             "latency_budget_ms": self.latency_budget_ms,
             "max_batch_size_within_budget": self.max_batch_size_within_budget,
             "stages": self.stages.to_dict() if self.stages else None,
-            "other_shapes": self.other_shapes,
-            "other_shapes_reason": self.other_shapes_reason,
+            "general_backend": self.general_backend,
+            "general_reason": self.general_reason,
         }
 
     @classmethod
     def from_dict(cls, data: dict) -> Report:
         """A report read back from `to_dict()` output (for example a saved JSON file)."""
         skip = ("candidates", "diagnosis", "batches", "stages")
+        if "other_shapes" in data:  # written before the exact-shape path had one name
+            data = {**data, "general_backend": data["other_shapes"]}
+            data["general_reason"] = data.get("other_shapes_reason", "")
         fields = {k: data[k] for k in cls.__dataclass_fields__ if k in data and k not in skip}
         candidates = [CandidateResult.from_dict(c) for c in data.get("candidates", [])]
         diagnosis = Diagnosis.from_dict(data["diagnosis"]) if data.get("diagnosis") else None
@@ -322,8 +326,8 @@ class Report:
         lines.extend(self._batch_table())
         lines.append("")
         lines.append(f"selected: {self.selected} ({self.selection_reason})")
-        if self.other_shapes:
-            lines.append(f"other shapes: {self.other_shapes} ({self.other_shapes_reason})")
+        if self.general_backend:
+            lines.append(f"every other shape: {self.general_backend} ({self.general_reason})")
         lines.extend(self.batch_summary())
         for note in self.notes:
             lines.append(f"note: {note}")
@@ -359,6 +363,138 @@ class Report:
                 lines.append("  " + "  ".join("-" * w for w in widths))
         lines.extend(f"  batch {b.batch_size}: {b.selected} ({b.reason})" for b in self.batches)
         return lines
+
+
+# -- the diagnosis' values (pipeline/diagnosis.py measures them) ------------------------
+# Share of the machine's float32 rate below which a path is overhead-bound, from which it
+# is compute-bound. Under 10%, at least 90% of the time goes to something other than
+# arithmetic. A third is what TensorFlow's and ONNX Runtime's kernels reach on a plain
+# large matrix product even on a busy shared machine (46-100% measured here).
+OVERHEAD_BOUND_BELOW = 0.10
+COMPUTE_BOUND_ABOVE = 1 / 3
+
+
+@dataclass
+class PathRate:
+    """One way of running the model: first call, steady state, and the arithmetic rate."""
+
+    name: str
+    first_call_ms: float | None
+    p50_ms: float | None
+    gflops: float | None = None  # achieved: arithmetic of one call / median time
+    share_of_peak: float | None = None  # gflops / the machine's measured float32 rate
+
+    @property
+    def bound(self) -> str:
+        if self.share_of_peak is None:
+            return "unknown"
+        if self.share_of_peak < OVERHEAD_BOUND_BELOW:
+            return "overhead-bound"
+        return "compute-bound" if self.share_of_peak >= COMPUTE_BOUND_ABOVE else "mixed"
+
+
+@dataclass
+class Retracing:
+    """How often a plain tf.function of the model traces over the batch sizes tried."""
+
+    batch_sizes: list[int]
+    traces_plain: int
+    trace_ms_plain: float  # first-call time summed over the batch sizes that traced
+    traces_with_signature: int
+    steady_ms: float  # a call on an already-traced shape, for scale
+
+
+@dataclass
+class Diagnosis:
+    """The measured answer to "why is my inference slow?"; str() is the plain-words version."""
+
+    model: str
+    batch_size: int | None
+    flops: int | None  # per call at the sample's batch size; None: could not be counted
+    flops_note: str
+    peak_gflops: float | None  # the machine's float32 rate, measured on a matrix product
+    paths: list[PathRate]
+    selected: str
+    threads: dict
+    cpu_features: list[str]
+    gpu: str
+    predict_ms: float | None = None
+    model_call_ms: float | None = None
+    retracing: Retracing | None = None
+    advice: list[str] = field(default_factory=list)
+
+    def path(self, name: str) -> PathRate | None:
+        return next((p for p in self.paths if p.name == name), None)
+
+    @property
+    def reference(self) -> PathRate:
+        return self.paths[0]
+
+    @property
+    def verdict(self) -> str:
+        """overhead-bound / mixed / compute-bound for the model's own call, as measured."""
+        return self.reference.bound
+
+    def to_dict(self) -> dict:
+        data = asdict(self)
+        data["verdict"] = self.verdict
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Diagnosis:
+        data = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
+        data["paths"] = [PathRate(**p) for p in data.get("paths", [])]
+        if data.get("retracing") is not None:
+            data["retracing"] = Retracing(**data["retracing"])
+        return cls(**data)
+
+    def __str__(self) -> str:
+        ref = self.reference
+        lines = [f"diagnosis: {self.model}, batch {self.batch_size}"]
+        if self.flops is not None and self.peak_gflops:
+            lines.append(
+                f"  work: {self.flops / 1e6:,.2f} MFLOP per call ({self.flops_note}); this "
+                f"machine's measured float32 rate: {self.peak_gflops:,.0f} GFLOP/s"
+            )
+        else:
+            lines.append(f"  work: unknown ({self.flops_note})")
+        for p in self.paths:
+            rate = (
+                f"{p.gflops:,.2f} GFLOP/s = {p.share_of_peak:.1%} of peak ({p.bound})"
+                if p.gflops is not None
+                else "rate unknown"
+            )
+            first = "-" if p.first_call_ms is None else f"{p.first_call_ms:,.1f} ms"
+            steady = "-" if p.p50_ms is None else f"{p.p50_ms:,.4g} ms"
+            lines.append(f"  {p.name:<26} first call {first:>10}   steady {steady:>10}   {rate}")
+        if self.model_call_ms is not None and self.predict_ms is not None:
+            lines.append(
+                f"  model.predict(x): {self.predict_ms:,.2f} ms per call vs model(x) "
+                f"{self.model_call_ms:,.3f} ms ({self.predict_ms / self.model_call_ms:,.1f}x)"
+            )
+        if self.retracing is not None:
+            r = self.retracing
+            lines.append(
+                f"  retracing: a plain tf.function traced {r.traces_plain} times over batch sizes "
+                f"{r.batch_sizes} ({r.trace_ms_plain:,.0f} ms of tracing, vs {r.steady_ms:.3f} ms "
+                f"per traced call); with a None batch dimension in input_signature: "
+                f"{r.traces_with_signature} trace"
+            )
+        lines.append(f"  threads: {_words(self.threads)}")
+        lines.append(f"  CPU features: {', '.join(self.cpu_features) or 'none detected'}")
+        lines.append(f"  GPU: {self.gpu}")
+        lines.append(f"  verdict: model(x) is {self.verdict} ({_share(ref)} of peak)")
+        for i, line in enumerate(self.advice, 1):
+            lines.append(f"  {i}. {line}")
+        return "\n".join(lines)
+
+
+def _share(path: PathRate) -> str:
+    return "unknown share" if path.share_of_peak is None else f"{path.share_of_peak:.2%}"
+
+
+def _words(values: dict) -> str:
+    return ", ".join(f"{k}={v}" for k, v in values.items())
 
 
 def _stats(data: dict) -> LatencyStats:

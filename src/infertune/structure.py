@@ -13,8 +13,6 @@ from typing import Any
 
 __all__ = ["Structure", "flatten"]
 
-_KINDS = ("leaf", "list", "tuple", "dict")
-
 
 @dataclass(frozen=True)
 class Structure:

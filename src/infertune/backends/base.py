@@ -24,6 +24,11 @@ rebuilds the backend from those files with `load_artifact` in a child process wi
 TensorFlow and runs the verification inputs there first. Only when the child survives does
 prepare() compile the same files here.
 
+Triton: a backend whose artifact one of Triton's own backends serves sets `triton_serves`
+(read from the class itself, like `rehearse_in_child`) and writes its `triton_plan`: the
+Triton backend, the tensors, the version directory's files and the settings carried over
+(backends/triton_plan.py). One that no Triton backend serves says why in `triton_unsupported`.
+
 Exact shapes: a backend that can run only the sample's exact input shapes sets
 `exact_shapes` (in convert() or prepare()). The pipeline then verifies and measures it at
 those shapes only, and the callable sends it only calls of those shapes.
@@ -38,7 +43,10 @@ from typing import ClassVar
 
 import numpy as np
 
+from ..inputs import InputSignature
+from ..outputs import OutputSignature
 from ..target import Target
+from .triton_plan import TritonPlan
 
 __all__ = ["Backend", "Target"]
 
@@ -80,6 +88,12 @@ class Backend(ABC):
     # docs/how-it-works.md); `exact_reason` says why, in one line.
     exact_shapes: list[tuple[int, ...]] | None = None
     exact_reason: str = ""
+    # Whether `triton_plan` serves this class's artifact in one of Triton's own backends.
+    # Read from the class itself, never inherited (a GPU subclass of a CPU backend is not
+    # served by the CPU plan): a subclass that the same plan serves says so on its own.
+    triton_serves: ClassVar[bool] = False
+    # Why no Triton backend serves it, and what to do instead (export_triton's refusal).
+    triton_unsupported: ClassVar[str] = ""
 
     def available(self) -> str | None:
         """None if this backend can run here, else a one-line reason why not."""
@@ -124,6 +138,14 @@ class Backend(ABC):
         construct with no arguments (load() asks such an instance whether it is `available()`).
         """
         raise NotImplementedError(f"the {cls.name} candidate does not support loading yet")
+
+    @classmethod
+    def triton_plan(
+        cls, directory: Path, entry: dict, inputs: InputSignature, outputs: OutputSignature
+    ) -> TritonPlan:
+        """How Triton serves the artifact `save_artifact` wrote into `directory`; `entry` is
+        its manifest entry (name, precision, settings). Only where `triton_serves`."""
+        raise NotImplementedError(f"no Triton backend is known for the {cls.name!r} candidate")
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r}>"

@@ -2,15 +2,24 @@
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 from pathlib import Path
 
 import numpy as np
 
-from ..inputs import to_numpy
-from ..models import tensor_specs
+from ..inputs import InputSignature, to_numpy
+from ..models import load_model, tensor_specs
+from ..outputs import OutputSignature
 from ..structure import flatten
 from .base import Backend, Target
-from .tf_function import SAVEDMODEL_DIR, load_flat_savedmodel, save_flat_savedmodel
+from .tf_function import (
+    SAVEDMODEL_DIR,
+    load_flat_savedmodel,
+    save_flat_savedmodel,
+    savedmodel_triton_plan,
+)
+from .triton_plan import TritonPlan
 
 __all__ = ["KerasEager"]
 
@@ -23,6 +32,7 @@ class KerasEager(Backend):
     name = "keras-eager"
     relative_cost = 0.0
     runtime_packages = ("tensorflow", "keras")
+    triton_serves = True
 
     def __init__(self, name: str = "keras-eager"):
         self.name = name  # "original" for models that are not Keras
@@ -56,6 +66,32 @@ class KerasEager(Backend):
         return {"format": "savedmodel", "dir": SAVEDMODEL_DIR, "name": self.name}
 
     @classmethod
+    def triton_plan(
+        cls, directory: Path, entry: dict, inputs: InputSignature, outputs: OutputSignature
+    ) -> TritonPlan:
+        """Triton's TensorFlow backend, on a SavedModel of the model's flat traced call (a
+        .keras result is traced into one first: Triton has no eager mode)."""
+        settings = entry["settings"]
+        if settings["format"] == "keras":
+            source = _keras_as_savedmodel(directory / settings["file"], inputs)
+
+            def write(version_dir: Path) -> None:
+                shutil.move(str(source), str(version_dir / SAVEDMODEL_DIR))
+                shutil.rmtree(source.parent, ignore_errors=True)
+
+        else:
+            source = directory / settings["dir"]
+
+            def write(version_dir: Path) -> None:
+                shutil.copytree(source, version_dir / SAVEDMODEL_DIR)
+
+        plan = savedmodel_triton_plan(source, write, inputs, outputs)
+        plan.notes.insert(
+            0, "the model's own call runs as a TensorFlow graph (Triton has no eager mode)"
+        )
+        return plan
+
+    @classmethod
     def load_artifact(cls, directory: Path, settings: dict, target: Target) -> Backend:
         backend = cls(settings["name"])
         backend._pack = target.signature.structure.packer()
@@ -71,3 +107,14 @@ class KerasEager(Backend):
             backend._loaded = loaded
             backend.run = lambda inputs: [tensor.numpy() for tensor in loaded.fn(*inputs)]
         return backend
+
+
+def _keras_as_savedmodel(file: Path, inputs: InputSignature) -> Path:
+    """A .keras model as a SavedModel of its flat traced call, in a temporary directory."""
+    import tensorflow as tf
+
+    source = load_model(file)
+    fn = tf.function(source.graph_function(inputs), input_signature=tensor_specs(inputs))
+    path = Path(tempfile.mkdtemp(prefix="infertune-keras-")) / SAVEDMODEL_DIR
+    save_flat_savedmodel(fn, source.owner, path)
+    return path

@@ -80,6 +80,13 @@ class LiteRT(Backend):
     requires = "litert"
     runtime_packages = ("ai-edge-litert",)
     rehearse_in_child = True
+    triton_unsupported = (
+        "Triton Inference Server has no official LiteRT/TFLite backend (its backends are "
+        "ONNX Runtime, OpenVINO, TensorFlow, TensorRT, PyTorch and Python). Tune again with "
+        "backends=[...] naming onnxruntime-cpu, openvino-cpu or tf-function to get a result "
+        'Triton can serve, or export it for Triton\'s Python backend (backend="python"), '
+        "which runs it with infertune"
+    )
 
     def __init__(self, threads: int | None = None):
         self.threads = threads

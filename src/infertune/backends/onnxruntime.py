@@ -20,7 +20,10 @@ import numpy as np
 
 from ..environment import usable_cores
 from ..export.onnx import OnnxExport, export_onnx, read_onnx, write_onnx
+from ..inputs import InputSignature
+from ..outputs import OutputSignature
 from .base import Backend, Target
+from .triton_plan import TritonPlan, copy_file, model_names, onnx_tensors
 
 __all__ = [
     "INT8_QUANTIZATION",
@@ -85,6 +88,7 @@ class OnnxRuntimeCpu(Backend):
     requires = "cpu"  # or gpu/tensorrt: onnxruntime-gpu has the CPU provider too
     runtime_packages = ("onnxruntime",)
     rehearse_in_child = True
+    triton_serves = True
 
     def __init__(self, settings: OrtSettings | None = None):
         self.settings = settings or OrtSettings()
@@ -158,6 +162,12 @@ class OnnxRuntimeCpu(Backend):
         return {**write_onnx(directory, model_bytes, exported), "session": asdict(self.settings)}
 
     @classmethod
+    def triton_plan(
+        cls, directory: Path, entry: dict, inputs: InputSignature, outputs: OutputSignature
+    ) -> TritonPlan:
+        return _triton_plan(directory, entry, inputs, outputs)
+
+    @classmethod
     def load_artifact(cls, directory: Path, settings: dict, target: Target) -> Backend:
         backend = cls(OrtSettings(**settings["session"]))
         cls._preload(target, read_onnx(directory, settings))
@@ -183,6 +193,40 @@ INT8_SETTINGS_TEXT = (
 )
 
 
+def _triton_plan(
+    directory: Path, entry: dict, inputs: InputSignature, outputs: OutputSignature
+) -> TritonPlan:
+    """Triton's ONNX Runtime backend, with the tuned session settings where it has them."""
+    settings = entry["settings"]
+    triton_inputs, triton_outputs = onnx_tensors(directory / settings["file"])
+    session = settings["session"]
+    plan = TritonPlan(
+        "onnxruntime", None, triton_inputs, triton_outputs, copy_file(directory, settings["file"])
+    )
+    plan.names = model_names(inputs, outputs, settings["input_names"], settings["output_names"])
+    plan.default_model_filename = "model.onnx"
+    plan.carried.append("instance_group KIND_CPU (tuned on the CPU execution provider)")
+    if session["intra_op_threads"]:
+        plan.parameters["intra_op_thread_count"] = str(session["intra_op_threads"])
+        plan.carried.append(f"intra_op_thread_count {session['intra_op_threads']}")
+    plan.parameters["execution_mode"] = "1" if session["execution_mode"] == "parallel" else "0"
+    plan.carried.append(f"execution_mode {session['execution_mode']}")
+    # Triton's ONNX Runtime backend: no graph level = ORT_ENABLE_ALL, -1 basic, 1 extended.
+    level = {"all": None, "extended": 1, "basic": -1}[session["graph_optimization"]]
+    if level is not None:
+        plan.graph_level = level
+        plan.carried.append(f"graph optimization level {session['graph_optimization']}")
+    if not session["allow_spinning"]:
+        plan.notes.append(
+            "the tuned session's worker threads sleep between calls (nospin); Triton's ONNX "
+            "Runtime backend has no parameter for that, so its sessions spin (ONNX Runtime's "
+            "default)"
+        )
+    if entry["precision"] != "fp32":
+        plan.carried.append(f"{entry['precision']} (in the quantized model.onnx)")
+    return plan
+
+
 class OnnxRuntimeCpuInt8(OnnxRuntimeCpu):
     """Dynamic int8 quantization of the weights of MatMul/Gemm/Conv (onnxruntime.quantization),
     with the settings above (`precision_note` says them in words)."""
@@ -191,6 +235,7 @@ class OnnxRuntimeCpuInt8(OnnxRuntimeCpu):
     conversions = ("onnx", "onnx-int8")
     precision = "int8"
     rehearse_in_child = True  # the saved model.onnx is the quantized one: it loads as it ran
+    triton_serves = True  # the quantized model.onnx, in the same Triton backend
     # How it reduces precision, in words a person reading a report or a manifest understands.
     precision_note: ClassVar[str] = INT8_SETTINGS_TEXT
 

@@ -2,15 +2,26 @@
 
 from __future__ import annotations
 
+import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from ..inputs import InputSignature
 from ..models import tensor_specs
+from ..outputs import OutputSignature
 from .base import Backend, Target
+from .triton_plan import TritonPlan, TritonTensor, model_names
 
-__all__ = ["SAVEDMODEL_DIR", "TfFunction", "load_flat_savedmodel", "save_flat_savedmodel"]
+__all__ = [
+    "SAVEDMODEL_DIR",
+    "TfFunction",
+    "load_flat_savedmodel",
+    "save_flat_savedmodel",
+    "savedmodel_triton_plan",
+]
 
 SAVEDMODEL_DIR = "model.savedmodel"  # Triton's name for a SavedModel in a model version
 
@@ -22,6 +33,7 @@ class TfFunction(Backend):
     relative_cost = 1.5  # one trace, and its first call
     jit_compile = False
     runtime_packages = ("tensorflow",)
+    triton_serves = True
 
     def prepare(self, target: Target) -> None:
         import tensorflow as tf
@@ -55,6 +67,58 @@ class TfFunction(Backend):
         backend._owner = load_flat_savedmodel(directory / settings["dir"])
         backend._fn = backend._owner.fn
         return backend
+
+    @classmethod
+    def triton_plan(
+        cls, directory: Path, entry: dict, inputs: InputSignature, outputs: OutputSignature
+    ) -> TritonPlan:
+        """Triton's TensorFlow backend, on the saved function (with XLA where it was tuned)."""
+        source = directory / entry["settings"]["dir"]
+
+        def write(version_dir: Path) -> None:
+            shutil.copytree(source, version_dir / SAVEDMODEL_DIR)
+
+        plan = savedmodel_triton_plan(source, write, inputs, outputs)
+        if cls.jit_compile:
+            # Triton's TensorFlow backend maps graph level 1 to XLA's GlobalJitLevel ON_1.
+            plan.graph_level = 1
+            plan.carried.append("XLA (jit_compile in the saved function; graph level 1)")
+        return plan
+
+
+def savedmodel_triton_plan(
+    path: Path, write: Callable[[Path], None], inputs: InputSignature, outputs: OutputSignature
+) -> TritonPlan:
+    """Triton's TensorFlow backend ("tensorflow_savedmodel") for the SavedModel at `path`,
+    its tensors read from the serving signature (what Triton serves)."""
+    import tensorflow as tf
+
+    signature = tf.saved_model.load(str(path)).signatures["serving_default"]
+    _, kwargs = signature.structured_input_signature
+
+    def tensors(specs: dict) -> list[TritonTensor]:
+        return [
+            TritonTensor(
+                key,
+                np.dtype(spec.dtype.as_numpy_dtype).name,
+                tuple(-1 if d is None else int(d) for d in spec.shape.as_list()),
+            )
+            for key, spec in sorted(specs.items())
+        ]
+
+    triton_inputs, triton_outputs = tensors(kwargs), tensors(signature.structured_outputs)
+    plan = TritonPlan(None, "tensorflow_savedmodel", triton_inputs, triton_outputs, write)
+    plan.names = model_names(
+        inputs,
+        outputs,
+        [f"in_{i}" for i in range(len(triton_inputs))],  # tensor_specs' names: the keys
+        [f"output_{i}" for i in range(len(triton_outputs))],  # tf.saved_model's flat keys
+    )
+    plan.carried.append("instance_group KIND_CPU")
+    plan.notes.append(
+        "Triton serves it with its TensorFlow backend: check that your Triton release has one"
+    )
+    return plan
 
 
 def save_flat_savedmodel(fn: Any, owner: Any, path: Path) -> None:

@@ -13,3 +13,4 @@ class TfXla(TfFunction):
     name = "tf-xla"
     relative_cost = 4.0  # XLA compiles at the first call, and again at another batch size
     jit_compile = True
+    triton_serves = True  # the same saved function, XLA on (graph level 1)

@@ -138,7 +138,7 @@ def _tensor_metadata(spec: TensorSpec) -> dict:
 
 
 def server_metadata() -> dict:
-    from .. import __version__
+    from .._version import __version__
 
     return {
         "name": "infertune",

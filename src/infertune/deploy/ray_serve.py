@@ -26,7 +26,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from ..errors import OptionError, one_line
-from ..saving import read_manifest
+from ..result.saved import read_manifest
 from .protocol import (
     BINARY_HEADER,
     InferenceStatistics,

@@ -15,57 +15,54 @@ from __future__ import annotations
 
 import os
 import time
+import warnings
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from ..errors import InputError
-from ..structure import Structure, flatten
+from ..errors import EnvironmentMismatchError, InputError
+from ..outputs import TensorSpec
+from ..paths import user_path
+from ..result.calling import flat_runner
+from ..result.saved import open_saved, restore
 
-__all__ = ["ServedModel", "TensorSpec", "output_names"]
-
-
-@dataclass(frozen=True)
-class TensorSpec:
-    """One named input or output: dtype and shape, None where any size is accepted."""
-
-    name: str
-    dtype: np.dtype
-    shape: tuple[int | None, ...]
-
-    def describe(self) -> str:
-        dims = ", ".join("None" if d is None else str(d) for d in self.shape)
-        return f"{self.name}: ({dims}{',' if len(self.shape) == 1 else ''}) {self.dtype.name}"
-
-
-def output_names(structure: Structure) -> list[str]:
-    """The names of a model's flat outputs: `output`, dict keys, or `output[0]`, ..."""
-    return structure.leaf_names("" if structure.kind == "dict" else "output")
+__all__ = ["ServedModel", "TensorSpec"]
 
 
 class ServedModel:
     """A result saved with `Optimized.save()`, loaded once, called with named arrays.
 
-    Loading runs the model twice on random inputs drawn like the tuning sample (at its batch
-    size and one more): a warm-up, so that the first request does not pay for it, and the
-    output shapes, which servers publish (dimensions that change with the batch are None;
-    with free non-batch input dimensions, every non-batch output dimension is None too,
-    since which ones follow them is not known).
+    The inputs and outputs it publishes (names, dtypes, shapes with None where any size is
+    accepted) are the saved input and output signatures. A request's checked arrays go to
+    the runtime through the saved choice directly (the exact-shape path, the candidate for
+    the batch size), flat: nothing is rebuilt into the model's own form and flattened again.
+    Loading runs the model once on random inputs drawn like the tuning sample, so that the
+    first request does not pay for the runtime's warm-up.
     """
 
     def __init__(self, path: str | os.PathLike):
-        from ..saving import load
-
-        self.path = Path(path)
-        self.result = load(self.path, verbose=False)
-        signature = self.result.input_signature
-        self.inputs = [TensorSpec(spec.name, spec.dtype, spec.shape) for spec in signature.specs]
+        self.path = user_path(path)
+        saved = open_saved(self.path)
+        problem = saved.unavailable()
+        if problem:
+            raise EnvironmentMismatchError(problem)
+        changes = saved.changes()
+        if changes:
+            warnings.warn(
+                f"The result in '{self.path}' was tuned in another environment "
+                f"({'; '.join(changes)}): it runs and gives the same outputs, but another "
+                f"candidate may be faster here.",
+                UserWarning,
+                stacklevel=2,
+            )
+        self._choice, self.report = restore(saved)
+        signature = self._choice.inputs
+        self.inputs = [TensorSpec(s.name, s.dtype, s.shape) for s in signature.specs]
+        self.outputs = list(self._choice.outputs.specs)
         self.batch_is_dynamic = signature.batch_is_dynamic
-        self._pack = signature.structure.pack
-        self.outputs = self._probe_outputs(signature)
+        self._run = flat_runner(self._choice)
+        self.run(signature.random_inputs(np.random.default_rng(0)))  # the runtime's warm-up
         # Requests can share one run when every output is batched along axis 0 with the inputs.
         self.batches_requests = self.batch_is_dynamic and all(
             spec.shape and spec.shape[0] is None for spec in self.outputs
@@ -73,30 +70,11 @@ class ServedModel:
 
     @property
     def backend(self) -> str:
-        """The chosen candidate, e.g. "onnxruntime-cpu"."""
-        return self.result.backend
+        """The candidate that serves the sample's shapes, e.g. "onnxruntime-cpu"."""
+        return self._choice.serving.name
 
     def describe_inputs(self) -> str:
         return "; ".join(spec.describe() for spec in self.inputs)
-
-    def _probe_outputs(self, signature) -> list[TensorSpec]:
-        rng = np.random.default_rng(0)
-        first = self.run(signature.random_inputs(rng))
-        shapes = [list(array.shape) for array in first]
-        if self.batch_is_dynamic and signature.sample_batch is not None:
-            again = self.run(signature.random_inputs(rng, batch=signature.sample_batch + 1))
-            for shape, array in zip(shapes, again):
-                for axis, size in enumerate(array.shape):
-                    if axis < len(shape) and shape[axis] != size:
-                        shape[axis] = None
-        free_features = any(None in spec.shape[1:] for spec in self.inputs)
-        if free_features:
-            shapes = [shape[:1] + [None] * (len(shape) - 1) for shape in shapes]
-        names = output_names(self.result.output_structure)
-        return [
-            TensorSpec(name, array.dtype, tuple(shape))
-            for name, array, shape in zip(names, first, shapes)
-        ]
 
     # -- calls ---------------------------------------------------------------------------
     def check(self, named: Mapping[str, Any], *, cast: bool, kind: str = "input") -> list:
@@ -147,8 +125,7 @@ class ServedModel:
 
     def run(self, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
         """One batch: checked inputs in the model's order; the outputs, flat, as numpy."""
-        leaves, _ = flatten(self.result(self._pack(list(arrays))))
-        return [np.asarray(leaf) for leaf in leaves]
+        return self._run(list(arrays))
 
     def run_batch(
         self,
@@ -192,4 +169,4 @@ class ServedModel:
         return results
 
     def close(self) -> None:
-        self.result.close()
+        self._choice.close()

@@ -12,8 +12,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import InputError, one_line
-from ..triton import PYTHON_RESULT_DIR
 from .served import ServedModel
+from .triton import PYTHON_RESULT_DIR
 
 __all__ = ["TritonPythonModel"]
 

@@ -15,9 +15,10 @@ decides the outcome of a tuning run:
 - the environment fingerprint (Python, CPU, GPUs, package versions, thread variables) and
   infertune's version.
 
-An entry is a saved result when the chosen candidate can be saved. A candidate that cannot
-(yet) be saved leaves its decision instead (decision.json: its name, and the report): a hit
-then prepares that candidate again from the model (its conversion, not the measurement).
+An entry is a saved result when the chosen candidates can be saved. Where one cannot (yet),
+the entry keeps the choice alone instead (decision.json: the choice in the manifest's format,
+result/choice.py, and the report): a hit then prepares those candidates again from the model
+(their conversion, not the measurement).
 
 A hit is checked before it is returned: the result must reproduce the model's own outputs on
 the sample within rtol/atol, else it is tuned again and the entry replaced. The cache is
@@ -32,32 +33,36 @@ import os
 import shutil
 import tempfile
 import time
-import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
-from .backends import BACKENDS
-from .backends.base import Backend
-from .environment import collect_environment, fingerprint
-from .errors import EnvironmentMismatchError, ExportError, one_line
-from .inputs import InputSignature
-from .models import ModelSource, tensor_specs
-from .progress import Progress
-from .report import Report
-from .saving import FORMAT_VERSION, MANIFEST, REPORT, load, save
-from .target import Target
-from .verify import Comparison, compare_outputs
+from .._version import __version__
+from ..backends import BACKENDS
+from ..backends.base import Backend
+from ..environment import collect_environment, fingerprint
+from ..errors import EnvironmentMismatchError, ExportError, one_line
+from ..inputs import InputSignature
+from ..models import ModelSource, tensor_specs
+from ..options import Options
+from ..outputs import OutputSignature
+from ..progress import Progress
+from ..report import Report
+from ..result.choice import Choice
+from ..result.saved import FORMAT_VERSION, MANIFEST, REPORT, Saved, open_saved, restore, save
+from ..target import Target
+from ..verify import Comparison, compare_outputs
 
-if TYPE_CHECKING:
-    from .optimized import Optimized
-
-__all__ = ["CacheEntry", "model_fingerprint"]
+__all__ = ["CacheEntry", "Hit", "model_fingerprint"]
 
 # Attributes that differ between processes or runs without changing what a node computes.
 _VOLATILE_ATTRS = ("config_proto", "config", "executor_type")
 DECISION = "decision.json"  # an entry for a candidate that cannot be saved: what was chosen
+
+# A hit: the choice, its report, and the saved result it was loaded from (None where it was
+# prepared again from a decision).
+Hit = tuple[Choice, Report, Saved | None]
 
 
 class CacheEntry:
@@ -68,27 +73,25 @@ class CacheEntry:
         directory: Path,
         source: ModelSource,
         signature: InputSignature,
-        options: dict,
+        options: Options,
     ):
-        """`options` are the saved tuning options (Optimized.options: tolerances, objective,
-        precision and the requested `backends`); they are part of the key."""
-        from . import __version__
-
+        """The options that decide the result (Options.saved(): tolerances, objective,
+        precision, batch sizes, the requested `backends`) are part of the key."""
         inputs = signature.to_dict()
         for spec in inputs["inputs"]:  # the sample's values do not change the tuned result
             del spec["low"], spec["high"]
+        self.options = options.saved()
         self.material = {
             "format_version": FORMAT_VERSION,
             "infertune": __version__,
             "model": model_fingerprint(source, signature),
             "inputs": inputs,
-            "options": options,
+            "options": self.options,
             "environment": fingerprint(collect_environment()),
         }
         blob = json.dumps(self.material, sort_keys=True).encode()
         self.key = hashlib.sha256(blob).hexdigest()[:32]
         self.path = Path(directory) / self.key
-        self.options = options
         self.note: str | None = None  # why an existing entry was not used
 
     def load(
@@ -97,7 +100,7 @@ class CacheEntry:
         signature: InputSignature,
         sample: list[np.ndarray],
         progress: Progress,
-    ) -> Optimized | None:
+    ) -> Hit | None:
         """The cached result, checked against the model on the sample; None on a miss."""
         if (self.path / MANIFEST).is_file():
             how = "loaded"
@@ -106,53 +109,49 @@ class CacheEntry:
         else:
             return None
         start = time.perf_counter()
-        reference, outputs = source.call_flat(signature, sample)
+        reference, structure = source.call_flat(signature, sample)
+        saved = None
         try:
             if how == "loaded":
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore")  # the key holds the environment: it matched
-                    opt = load(self.path)
+                saved = open_saved(self.path)
+                problem = saved.unavailable()  # the key holds the environment: it matched
+                if problem:
+                    raise EnvironmentMismatchError(problem)
+                choice, report = restore(saved)
             else:
-                opt = self._prepare_again(source, signature, outputs, reference)
+                choice, report = self._prepare_again(source, signature, structure, reference)
         except Exception as exc:  # an entry that cannot be used is a miss, said, never an error
             return self._miss(f"was not usable ({one_line(exc)})", progress)
         try:  # every candidate it runs (one per tuned batch size), on the sample
             found = Comparison(True, "")
-            for backend in opt.backends:
+            for backend in choice.backends:
                 found = found.merged(
                     compare_outputs(
                         backend.run(sample), reference, self.options["rtol"], self.options["atol"]
                     )
                 )
         except Exception as exc:  # a cached result that cannot run is a miss
-            opt.close()
+            choice.close()
             return self._miss(f"did not run ({one_line(exc)})", progress)
         if not found:
-            opt.close()
+            choice.close()
             return self._miss(f"did not reproduce the model ({found.reason})", progress)
-        report = opt.report
         report.from_cache = True
-        report.notes = [n for n in report.notes if not n.startswith("loaded from")]
         report.notes.append(
             f"from the tuning cache '{self.path}': {how} in {time.perf_counter() - start:.2f} s, "
             f"checked against the model on the sample (relative error {found.max_rel_err:.1e}); "
             f"tuned {_saved_at(self.path)} in {report.total_s:.1f} s"
         )
-        progress.say(f"tuning cache hit: {opt.backend} from {self.path}")
-        return opt
+        progress.say(f"tuning cache hit: {choice.serving.name} from {self.path}")
+        return choice, report, saved
 
-    def _prepare_again(self, source, signature, outputs, reference) -> Optimized:
-        """A decision-only entry: the chosen candidate, prepared again from the model."""
-        from .optimized import Optimized
-
+    def _prepare_again(self, source, signature, structure, reference) -> tuple[Choice, Report]:
+        """A decision-only entry: the chosen candidates, prepared again from the model."""
         decision = json.loads((self.path / DECISION).read_text(encoding="utf-8"))
-        by_batch = decision.get("by_batch") or {}
-        exact = decision.get("exact")  # the exact-shape fast path, if there was one
-        dtypes = [array.dtype for array in reference]
-        target = Target(source, signature, outputs, dtypes, self.options["objective"])
-        backends = {}
-        names = [decision["backend"], *by_batch.values(), *([exact] if exact else [])]
-        for name in dict.fromkeys(names):
+        outputs = OutputSignature.from_dict(decision["outputs"])
+        target = Target(source, signature, structure, outputs.dtypes, self.options["objective"])
+        backends: dict[str, Backend] = {}
+        for name in Choice.names(decision["choice"]):
             if name not in BACKENDS:
                 raise KeyError(f"{name!r} is not a candidate of this infertune")
             backend = BACKENDS[name]()
@@ -161,47 +160,39 @@ class CacheEntry:
                 raise EnvironmentMismatchError(f"{name} cannot run here: {reason}")
             backend.prepare(target)
             backends[name] = backend
-        report = Report.from_json(self.path / REPORT)
-        return Optimized(
-            backends[decision["backend"]],
-            signature,
-            outputs,
-            report,
-            output_dtypes=dtypes,
-            options=self.options,
-            by_batch={int(n): backends[name] for n, name in by_batch.items()} or None,
-            exact=backends[exact] if exact else None,
-        )
+        choice = Choice.from_dict(decision["choice"], backends.__getitem__, signature, outputs)
+        return choice, Report.from_json(self.path / REPORT)
 
     def _miss(self, why: str, progress: Progress) -> None:
         self.note = f"the cached entry '{self.path}' {why}"
         progress.say(f"{self.note}; tuning again")
         return None
 
-    def store(self, opt: Optimized, progress: Progress) -> None:
-        """Save `opt` as this key's entry; a failure is a note in the report, never an error."""
+    def store(self, choice: Choice, report: Report, progress: Progress) -> None:
+        """Save the result as this key's entry; a failure is a note in the report, never an
+        error."""
         try:
             if self.path.exists():  # an entry that was not usable: replaced
                 shutil.rmtree(self.path)
-            if all(_can_be_saved(backend) for backend in opt.backends):
-                save(opt, self.path, extra={"cache_key": self.material})
+            if all(_can_be_saved(backend) for backend in choice.backends):
+                save(choice, report, self.options, self.path, extra={"cache_key": self.material})
                 what = "stored in the tuning cache"
             else:
-                self._store_decision(opt)
+                self._store_decision(choice, report)
                 what = (
-                    f"stored in the tuning cache as a decision ({opt.backend} cannot be saved "
-                    f"yet: a hit prepares it again)"
+                    f"stored in the tuning cache as a decision ({choice.serving.name} cannot "
+                    f"be saved yet: a hit prepares it again)"
                 )
         except (ExportError, OSError) as exc:
-            opt.report.notes.append(f"not stored in the tuning cache: {one_line(exc)}")
+            report.notes.append(f"not stored in the tuning cache: {one_line(exc)}")
             progress.say(f"not stored in the tuning cache: {one_line(exc)}")
             return
         if self.note:
-            opt.report.notes.append(self.note + "; tuned again")
-        opt.report.notes.append(f"{what}: '{self.path}'")
+            report.notes.append(self.note + "; tuned again")
+        report.notes.append(f"{what}: '{self.path}'")
 
-    def _store_decision(self, opt: Optimized) -> None:
-        for backend in opt.backends:
+    def _store_decision(self, choice: Choice, report: Report) -> None:
+        for backend in choice.backends:
             if backend.name not in BACKENDS:
                 raise ExportError(
                     f"the selected candidate {backend.name!r} is not a registered infertune backend"
@@ -209,12 +200,11 @@ class CacheEntry:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=f".{self.key}.", dir=self.path.parent))
         try:
-            opt.report.to_json(staging / REPORT)
+            report.to_json(staging / REPORT)
             decision = {
-                "backend": opt.general_backend,
-                "by_batch": {str(n): name for n, name in opt.backends_by_batch.items()},
-                "exact": opt.backend if opt.backend != opt.general_backend else None,
-                "backends": opt._options.get("backends"),
+                "choice": choice.to_dict(),
+                "outputs": choice.outputs.to_dict(),
+                "options": self.options,
                 "saved_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                 "cache_key": self.material,
             }

@@ -8,7 +8,7 @@ process can: while this process exports to ONNX, the worker converts to TFLite.
 
 The worker (`python -m infertune.tf_worker JOB`) loads the model from a .keras file this
 process wrote, builds the conversion with the very function this process would call
-(`_BUILDERS`), writes it into the job directory and exits: 0 with the result, 1 with
+(`OFFLOADABLE`), writes it into the job directory and exits: 0 with the result, 1 with
 error.txt. A worker that fails leaves the conversion to this process (`Target.shared`), which
 the report's notes say.
 """
@@ -22,14 +22,30 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..backends import litert
+
 __all__ = ["OFFLOADABLE", "OffloadedConversion"]
 
-# Shared conversions (Target keys) a worker can build: the module of the functions that
-# build one from a Target, write it into a directory and read it back.
-OFFLOADABLE = {"tflite": "infertune.backends.litert"}
+
+@dataclass(frozen=True)
+class _Conversion:
+    """The functions that build a shared conversion from a Target, write it into a
+    directory and read it back."""
+
+    build: Callable[[Any], Any]
+    write: Callable[[Any, Path], None]
+    read: Callable[[Path], Any]
+
+
+# Shared conversions (Target keys) a worker can build.
+OFFLOADABLE = {
+    "tflite": _Conversion(litert.build_conversion, litert.write_conversion, litert.read_conversion)
+}
 
 
 class OffloadedConversion:
@@ -55,7 +71,7 @@ class OffloadedConversion:
             env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if isinstance(p, str) and p)
             self._log = open(self.directory / "worker.log", "wb")  # noqa: SIM115 (close())
             self._process = subprocess.Popen(
-                [sys.executable, "-m", "infertune.tf_worker", str(self.directory)],
+                [sys.executable, "-m", "infertune.pipeline.tf_worker", str(self.directory)],
                 stdin=subprocess.DEVNULL,
                 stdout=self._log,
                 stderr=self._log,
@@ -78,8 +94,7 @@ class OffloadedConversion:
             why = error.read_text().strip() if error.is_file() else _tail(self._log.name)
             raise RuntimeError(f"the worker process failed (exit status {code}): {why}")
         self.worker_s = float((self.directory / "seconds.txt").read_text())
-        module = __import__(OFFLOADABLE[self.key], fromlist=["read_conversion"])
-        return module.read_conversion(self.directory)
+        return OFFLOADABLE[self.key].read(self.directory)
 
     def close(self) -> None:
         """Stop the worker if it still runs and remove its files."""
@@ -99,17 +114,17 @@ def _tail(path: str, limit: int = 300) -> str:
 
 
 def main() -> None:
-    from .errors import one_line
+    from ..errors import one_line
 
     directory = Path(sys.argv[1])
     start = time.perf_counter()
     try:
         import numpy as np
 
-        from .inputs import InputSignature
-        from .models import load_model
-        from .structure import Structure
-        from .target import Target
+        from ..inputs import InputSignature
+        from ..models import load_model
+        from ..structure import Structure
+        from ..target import Target
 
         spec = json.loads((directory / "job.json").read_text())
         source = load_model(directory / spec["model"])
@@ -119,8 +134,8 @@ def main() -> None:
             Structure.from_dict(spec["outputs"]),
             [np.dtype(d) for d in spec["dtypes"]],
         )
-        module = __import__(OFFLOADABLE[spec["key"]], fromlist=["build_conversion"])
-        module.write_conversion(module.build_conversion(target), directory)
+        conversion = OFFLOADABLE[spec["key"]]
+        conversion.write(conversion.build(target), directory)
     except Exception as exc:
         (directory / "error.txt").write_text(one_line(exc))
         sys.exit(1)

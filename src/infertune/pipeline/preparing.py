@@ -30,8 +30,15 @@ from typing import Any
 
 import numpy as np
 
-from .backends import Backend
-from .errors import one_line
+from ..backends import Backend
+from ..errors import one_line
+from ..machine import MachineRecord
+from ..options import Options
+from ..progress import Progress
+from ..report import CandidateResult
+from ..settings import tf_worker_mode
+from ..target import Target
+from ..verify import Comparison, compare_outputs
 from .isolation import (
     CandidateCrashed,
     CandidateTimeout,
@@ -41,7 +48,6 @@ from .isolation import (
     RehearsalError,
     RehearsalUnavailable,
 )
-from .machine import MachineRecord
 from .planning import (
     CONVERSION_STAGES,
     Probe,
@@ -50,31 +56,15 @@ from .planning import (
     order_candidates,
     uninterruptible_s,
 )
-from .progress import Progress
-from .report import CandidateResult
-from .target import Target
+from .reference import Check
 from .tf_worker import OFFLOADABLE, OffloadedConversion
-from .verify import Comparison, compare_outputs
 
-__all__ = ["Budget", "Check", "checks_for", "prepare_all"]
+__all__ = ["Budget", "checks_for", "prepare_all"]
 
 
 def shared_stage(key: str) -> str:
     """A shared conversion's (Target key's) name as a stage of the report."""
     return CONVERSION_STAGES.get(key, f"conversion {key}")
-
-
-@dataclass
-class Check:
-    """One verification input and the reference outputs for it."""
-
-    label: str
-    inputs: list[np.ndarray]
-    reference: list[np.ndarray]
-
-    @property
-    def shapes(self) -> list[tuple[int, ...]]:
-        return [array.shape for array in self.inputs]
 
 
 def checks_for(backend: Backend, checks: list[Check]) -> list[Check]:
@@ -134,7 +124,7 @@ class _Run:
 
     target: Target
     checks: list[Check]
-    options: Any  # api._Options: rtol, atol, precisions
+    options: Options
     progress: Progress
     isolation: Isolation
     budget: Budget
@@ -151,7 +141,7 @@ def prepare_all(
     target: Target,
     checks: list[Check],
     results: list[CandidateResult],
-    options: Any,
+    options: Options,
     progress: Progress,
     isolation: Isolation,
     budget: Budget,
@@ -235,7 +225,7 @@ def _free_core() -> str | None:
     imports, the model saved and loaded again: 5-10 s of CPU for ResNet50) to save time only
     by running on a core nothing else uses: on a machine whose load average already fills
     its cores, it would slow this process down instead."""
-    from .environment import usable_cores
+    from ..environment import usable_cores
 
     try:
         load = os.getloadavg()[0]
@@ -253,7 +243,10 @@ def _offload(others: list[_Candidate], run: _Run) -> None:
     where child processes are in use and no time budget is given (the model's save would
     spend seconds before any candidate is known to fit)."""
     source = run.target.source
+    mode = tf_worker_mode()  # INFERTUNE_TF_WORKER
     if run.isolation.mode != "process" or run.probe is None or not source.is_keras:
+        return
+    if mode == "never":
         return
     if run.budget.limited:  # saving the model costs seconds a LiteRT candidate may not get
         return
@@ -266,10 +259,10 @@ def _offload(others: list[_Candidate], run: _Run) -> None:
         )
         if not needed or key in run.target.built():
             continue
-        if conversion_estimate_s(key, run.probe, run.record) < OFFLOAD_MIN_S:
+        if mode == "auto" and conversion_estimate_s(key, run.probe, run.record) < OFFLOAD_MIN_S:
             continue
         stage = shared_stage(key)
-        busy = _free_core()
+        busy = _free_core() if mode == "auto" else None
         if busy is not None:
             run.target.notes.append(f"the {stage} was made here, not in a worker process: {busy}")
             continue
@@ -284,7 +277,7 @@ def _offload(others: list[_Candidate], run: _Run) -> None:
 
 
 # -- admission and the budget -------------------------------------------------------------
-def _admitted(state: _Candidate, options: Any) -> bool:
+def _admitted(state: _Candidate, options: Options) -> bool:
     """Whether a candidate can go on to prepare; if not, its result says why.
 
     Availability comes before precision: a candidate that cannot run here is `unavailable`

@@ -22,9 +22,9 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
-from .backends.base import Backend
-from .machine import MachineRecord
-from .stages import StageTimes
+from ..backends.base import Backend
+from ..machine import MachineRecord
+from ..stages import StageTimes
 
 __all__ = [
     "CONVERSION_COSTS",

@@ -13,28 +13,25 @@ import logging
 import time
 from collections import Counter
 from contextlib import nullcontext
-from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .environment import usable_cores
-from .errors import one_line
-from .measure import measure_interleaved, warm_up
+from ..environment import usable_cores
+from ..errors import one_line
+from ..measure import measure_interleaved, warm_up
+from ..report import Diagnosis, PathRate, Retracing
 
 if TYPE_CHECKING:
     from collections.abc import Callable
     from contextlib import AbstractContextManager
 
-    from .inputs import InputSignature
-    from .machine import MachineRecord
-    from .models import ModelSource
-    from .report import CandidateResult
+    from ..inputs import InputSignature
+    from ..machine import MachineRecord
+    from ..models import ModelSource
+    from ..report import CandidateResult
 
 __all__ = [
-    "Diagnosis",
-    "PathRate",
-    "Retracing",
     "count_flops",
     "diagnose",
     "machine_peak",
@@ -43,137 +40,6 @@ __all__ = [
     "predict_vs_call",
     "trace_and_count",
 ]
-
-# Share of the machine's float32 rate below which a path is overhead-bound, from which it
-# is compute-bound. Under 10%, at least 90% of the time goes to something other than
-# arithmetic. A third is what TensorFlow's and ONNX Runtime's kernels reach on a plain
-# large matrix product even on a busy shared machine (46-100% measured here).
-OVERHEAD_BOUND_BELOW = 0.10
-COMPUTE_BOUND_ABOVE = 1 / 3
-
-
-@dataclass
-class PathRate:
-    """One way of running the model: first call, steady state, and the arithmetic rate."""
-
-    name: str
-    first_call_ms: float | None
-    p50_ms: float | None
-    gflops: float | None = None  # achieved: arithmetic of one call / median time
-    share_of_peak: float | None = None  # gflops / the machine's measured float32 rate
-
-    @property
-    def bound(self) -> str:
-        if self.share_of_peak is None:
-            return "unknown"
-        if self.share_of_peak < OVERHEAD_BOUND_BELOW:
-            return "overhead-bound"
-        return "compute-bound" if self.share_of_peak >= COMPUTE_BOUND_ABOVE else "mixed"
-
-
-@dataclass
-class Retracing:
-    """How often a plain tf.function of the model traces over the batch sizes tried."""
-
-    batch_sizes: list[int]
-    traces_plain: int
-    trace_ms_plain: float  # first-call time summed over the batch sizes that traced
-    traces_with_signature: int
-    steady_ms: float  # a call on an already-traced shape, for scale
-
-
-@dataclass
-class Diagnosis:
-    """The measured answer to "why is my inference slow?"; str() is the plain-words version."""
-
-    model: str
-    batch_size: int | None
-    flops: int | None  # per call at the sample's batch size; None: could not be counted
-    flops_note: str
-    peak_gflops: float | None  # the machine's float32 rate, measured on a matrix product
-    paths: list[PathRate]
-    selected: str
-    threads: dict
-    cpu_features: list[str]
-    gpu: str
-    predict_ms: float | None = None
-    model_call_ms: float | None = None
-    retracing: Retracing | None = None
-    advice: list[str] = field(default_factory=list)
-
-    def path(self, name: str) -> PathRate | None:
-        return next((p for p in self.paths if p.name == name), None)
-
-    @property
-    def reference(self) -> PathRate:
-        return self.paths[0]
-
-    @property
-    def verdict(self) -> str:
-        """overhead-bound / mixed / compute-bound for the model's own call, as measured."""
-        return self.reference.bound
-
-    def to_dict(self) -> dict:
-        data = asdict(self)
-        data["verdict"] = self.verdict
-        return data
-
-    @classmethod
-    def from_dict(cls, data: dict) -> Diagnosis:
-        data = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
-        data["paths"] = [PathRate(**p) for p in data.get("paths", [])]
-        if data.get("retracing") is not None:
-            data["retracing"] = Retracing(**data["retracing"])
-        return cls(**data)
-
-    def __str__(self) -> str:
-        ref = self.reference
-        lines = [f"diagnosis: {self.model}, batch {self.batch_size}"]
-        if self.flops is not None and self.peak_gflops:
-            lines.append(
-                f"  work: {self.flops / 1e6:,.2f} MFLOP per call ({self.flops_note}); this "
-                f"machine's measured float32 rate: {self.peak_gflops:,.0f} GFLOP/s"
-            )
-        else:
-            lines.append(f"  work: unknown ({self.flops_note})")
-        for p in self.paths:
-            rate = (
-                f"{p.gflops:,.2f} GFLOP/s = {p.share_of_peak:.1%} of peak ({p.bound})"
-                if p.gflops is not None
-                else "rate unknown"
-            )
-            first = "-" if p.first_call_ms is None else f"{p.first_call_ms:,.1f} ms"
-            steady = "-" if p.p50_ms is None else f"{p.p50_ms:,.4g} ms"
-            lines.append(f"  {p.name:<26} first call {first:>10}   steady {steady:>10}   {rate}")
-        if self.model_call_ms is not None and self.predict_ms is not None:
-            lines.append(
-                f"  model.predict(x): {self.predict_ms:,.2f} ms per call vs model(x) "
-                f"{self.model_call_ms:,.3f} ms ({self.predict_ms / self.model_call_ms:,.1f}x)"
-            )
-        if self.retracing is not None:
-            r = self.retracing
-            lines.append(
-                f"  retracing: a plain tf.function traced {r.traces_plain} times over batch sizes "
-                f"{r.batch_sizes} ({r.trace_ms_plain:,.0f} ms of tracing, vs {r.steady_ms:.3f} ms "
-                f"per traced call); with a None batch dimension in input_signature: "
-                f"{r.traces_with_signature} trace"
-            )
-        lines.append(f"  threads: {_words(self.threads)}")
-        lines.append(f"  CPU features: {', '.join(self.cpu_features) or 'none detected'}")
-        lines.append(f"  GPU: {self.gpu}")
-        lines.append(f"  verdict: model(x) is {self.verdict} ({_share(ref)} of peak)")
-        for i, line in enumerate(self.advice, 1):
-            lines.append(f"  {i}. {line}")
-        return "\n".join(lines)
-
-
-def _share(path: PathRate) -> str:
-    return "unknown share" if path.share_of_peak is None else f"{path.share_of_peak:.2%}"
-
-
-def _words(values: dict) -> str:
-    return ", ".join(f"{k}={v}" for k, v in values.items())
-
 
 # -- measurements --------------------------------------------------------------------------
 _PEAK_CACHE: dict[int, float] = {}
@@ -287,7 +153,7 @@ def measure_retracing(
 def _count_traces(plain, graph_function, signature, batch_sizes, rng) -> Retracing:
     import tensorflow as tf
 
-    from .models import tensor_specs
+    from ..models import tensor_specs
 
     trace_ms = 0.0
     for batch in batch_sizes:

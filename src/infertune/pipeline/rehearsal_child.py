@@ -31,8 +31,8 @@ def main() -> None:
     os.dup2(2, 1)  # stdout of native code now goes to the log, not into the protocol
     sys.stdout = sys.stderr
 
-    from .errors import one_line
-    from .resources import release_freed_memory
+    from ..errors import one_line
+    from ..resources import release_freed_memory
 
     def say(line: str) -> None:
         protocol.write(line + "\n")
@@ -57,9 +57,9 @@ def _rehearse(job: Path, say) -> str:
     """Load the job's candidate from its files and run it on every input; "done"."""
     import numpy as np
 
-    from .inputs import InputSignature
-    from .structure import Structure
-    from .target import Target
+    from ..inputs import InputSignature
+    from ..structure import Structure
+    from ..target import Target
 
     say("stage load")
     spec = json.loads((job / "job.json").read_text())

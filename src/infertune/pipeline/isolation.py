@@ -45,11 +45,9 @@ from typing import Any
 
 import numpy as np
 
-from .backends.base import Backend, Target
+from ..backends.base import Backend, Target
 
 __all__ = [
-    "DEFAULT_CANDIDATE_TIMEOUT_S",
-    "ISOLATIONS",
     "CandidateCrashed",
     "CandidateTimeout",
     "Isolation",
@@ -59,8 +57,6 @@ __all__ = [
     "RehearsalUnavailable",
 ]
 
-ISOLATIONS = ("process", "thread", "off")
-DEFAULT_CANDIDATE_TIMEOUT_S = 300.0  # a TensorRT engine build can take minutes
 _START_TIMEOUT_S = 60.0  # the child's imports (numpy, infertune, nothing else)
 _WAIT_MAX = threading.TIMEOUT_MAX / 2  # longer waits overflow: treated as no limit
 
@@ -161,14 +157,6 @@ class Isolation:
         """No child process here: threads (the deadline) for the rest of this run."""
         self.mode = "thread"
         self.notes.append(f"isolation fell back to threads: {why}")
-
-    def rehearse(
-        self, backend: Backend, target: Target, inputs: list[list[np.ndarray]], deadline: float
-    ) -> None:
-        """Build `backend` from its files in the child and run it on every input there, and
-        wait for the verdict (`submit` then `Rehearsal.wait`)."""
-        allowed = None if deadline == float("inf") else deadline - time.perf_counter()
-        self.submit(backend, target, inputs, allowed).wait()
 
     def submit(
         self,
@@ -430,7 +418,7 @@ class _Worker:
         env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if isinstance(p, str) and p)
         try:
             self._process = subprocess.Popen(
-                [python, "-m", "infertune.rehearsal_child", str(directory)],
+                [python, "-m", "infertune.pipeline.rehearsal_child", str(directory)],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=self._log,

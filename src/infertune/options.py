@@ -1,0 +1,215 @@
+"""optimize()'s tuning options: one typed value, checked once at the front door.
+
+The pipeline reads them from here; save() and the tuning cache keep the part that decides
+the result (`saved()`), and a re-tune starts from that part again (`from_saved()`).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from . import settings
+from .backends import BACKENDS, Backend
+from .errors import OptionError
+
+__all__ = [
+    "DEFAULT_CANDIDATE_TIMEOUT_S",
+    "ISOLATIONS",
+    "OBJECTIVES",
+    "PRECISIONS",
+    "REFERENCE_NAMES",
+    "Options",
+    "known_backends",
+]
+
+OBJECTIVES = ("latency", "throughput")
+PRECISIONS = ("fp32", "fp16", "bf16", "int8")
+ISOLATIONS = ("process", "thread", "off")
+DEFAULT_CANDIDATE_TIMEOUT_S = 300.0  # a TensorRT engine build can take minutes
+# The model's own call: always measured, as the reference, whatever `backends` names.
+REFERENCE_NAMES = ("keras-eager", "original")
+
+
+def known_backends() -> list[str]:
+    """Names of the candidate backends infertune knows (whether or not they can run here)."""
+    return ["keras-eager", *BACKENDS]
+
+
+@dataclass(frozen=True)
+class Options:
+    """What optimize() was asked for, checked. Build it with `Options.checked(...)`."""
+
+    rtol: float = 1e-3
+    atol: float = 1e-5
+    objective: str = "latency"
+    time_budget_s: float | None = None
+    precisions: tuple[str, ...] = ("fp32",)
+    # The candidates asked for besides the reference (names or Backend instances), in order;
+    # None: every registered one.
+    backends: tuple[str | Backend, ...] | None = None
+    batch_sizes: tuple[int, ...] | None = None  # sorted, unique; None: the sample's only
+    latency_budget_ms: float | None = None
+    isolation: str = "process"
+    candidate_timeout_s: float | None = DEFAULT_CANDIDATE_TIMEOUT_S
+    started: float = field(default_factory=time.perf_counter)  # when the budget started
+
+    @classmethod
+    def checked(
+        cls,
+        *,
+        backends: Sequence[str | Backend] | str | None = None,
+        rtol: Any = 1e-3,
+        atol: Any = 1e-5,
+        objective: Any = "latency",
+        time_budget_s: Any = None,
+        precision: Any = ("fp32",),
+        batch_sizes: Any = None,
+        latency_budget_ms: Any = None,
+        isolation: Any = "process",
+        candidate_timeout_s: Any = DEFAULT_CANDIDATE_TIMEOUT_S,
+    ) -> Options:
+        """The options as optimize() takes them, checked; OptionError says what is wrong."""
+        numbers = isinstance(rtol, int | float) and isinstance(atol, int | float)
+        if not (numbers and rtol >= 0 and atol >= 0):
+            raise OptionError(
+                f"rtol and atol must be numbers >= 0. Received: rtol={rtol!r}, atol={atol!r}."
+            )
+        _check_choice("objective", objective, OBJECTIVES)
+        _check_positive_or_none("time_budget_s", time_budget_s)
+        precisions = (precision,) if isinstance(precision, str) else tuple(precision)
+        if not precisions or any(p not in PRECISIONS for p in precisions):
+            raise OptionError(
+                f"precision must be a subset of {PRECISIONS}. Received: {precision!r}."
+            )
+        _check_choice("isolation", isolation, ISOLATIONS)
+        _check_positive_or_none("candidate_timeout_s", candidate_timeout_s)
+        _check_positive_or_none("latency_budget_ms", latency_budget_ms)
+        if latency_budget_ms is not None and objective != "throughput":
+            raise OptionError(
+                f"latency_budget_ms applies to objective='throughput' (the most samples/s "
+                f"whose p99 stays within the budget); objective={objective!r} already chooses "
+                f"the lowest latency. Received: latency_budget_ms={latency_budget_ms!r}."
+            )
+        return cls(
+            rtol=rtol,
+            atol=atol,
+            objective=objective,
+            time_budget_s=time_budget_s,
+            precisions=precisions,
+            backends=_checked_backends(backends),
+            batch_sizes=_checked_batch_sizes(batch_sizes),
+            latency_budget_ms=latency_budget_ms,
+            isolation=isolation,
+            candidate_timeout_s=candidate_timeout_s,
+        )
+
+    @property
+    def requested(self) -> list[str] | None:
+        """The names of the candidates asked for (None: all), as save() and the cache keep them."""
+        if self.backends is None:
+            return None
+        return [b.name if isinstance(b, Backend) else b for b in self.backends]
+
+    def saved(self) -> dict:
+        """The options that decide the tuned result, as JSON (for save() and the cache key);
+        the time budget only decides how long it may take."""
+        return {
+            "rtol": self.rtol,
+            "atol": self.atol,
+            "objective": self.objective,
+            "precision": sorted(self.precisions),
+            "batch_sizes": list(self.batch_sizes) if self.batch_sizes else None,
+            "latency_budget_ms": self.latency_budget_ms,
+            "backends": self.requested,
+        }
+
+    @classmethod
+    def from_saved(cls, saved: dict) -> Options:
+        """The options `saved()` wrote (a saved result's, a cache entry's), checked again."""
+        return cls.checked(
+            backends=saved.get("backends"),
+            rtol=saved["rtol"],
+            atol=saved["atol"],
+            objective=saved["objective"],
+            precision=tuple(saved["precision"]),
+            batch_sizes=saved.get("batch_sizes"),
+            latency_budget_ms=saved.get("latency_budget_ms"),
+        )
+
+    @property
+    def deadline(self) -> float:
+        """perf_counter() at which time_budget_s runs out (inf without one)."""
+        return math.inf if self.time_budget_s is None else self.started + self.time_budget_s
+
+    def measure_budget(
+        self, batch_sizes_left: int = 1, deadline: float | None = None, after_s: float = 0.0
+    ) -> float:
+        """Seconds to measure one batch size: INFERTUNE_MEASURE_S (5) each, or an equal share
+        of what remains of time_budget_s (until `deadline`, less `after_s` for what follows)."""
+        if self.time_budget_s is None:
+            return settings.measure_s()
+        end = self.deadline if deadline is None else deadline
+        return max(0.2, (end - after_s - time.perf_counter()) / batch_sizes_left)
+
+
+def _checked_backends(backends: Any) -> tuple[str | Backend, ...] | None:
+    """The candidates asked for, the reference's names left out (it is always measured);
+    OptionError for an unknown name, a repeated one, or something that is neither."""
+    if backends is None:
+        return None
+    items = [backends] if isinstance(backends, str | Backend) else backends
+    if not isinstance(items, Iterable):
+        raise OptionError(
+            f"backends must be a list of candidate names or Backend instances, or None. "
+            f"Received: backends={backends!r}."
+        )
+    chosen: list[str | Backend] = []
+    for item in items:
+        if isinstance(item, Backend):
+            chosen.append(item)
+        elif item in REFERENCE_NAMES:
+            continue
+        elif isinstance(item, str) and item in BACKENDS:
+            chosen.append(item)
+        else:
+            raise OptionError(f"Unknown backend {item!r}. Known backends: {known_backends()}.")
+    names = [b.name if isinstance(b, Backend) else b for b in chosen]
+    repeated = sorted({n for n in names if names.count(n) > 1 or n in REFERENCE_NAMES})
+    if repeated:
+        raise OptionError(f"Backend names must be unique; repeated: {repeated}.")
+    return tuple(chosen)
+
+
+def _checked_batch_sizes(batch_sizes: Any) -> tuple[int, ...] | None:
+    if batch_sizes is None:
+        return None
+    sizes = [batch_sizes] if isinstance(batch_sizes, int) else batch_sizes
+    if isinstance(sizes, str | bytes) or not isinstance(sizes, Iterable):
+        sizes = None
+    else:
+        sizes = list(sizes)
+    valid = bool(sizes) and all(
+        isinstance(n, int | np.integer) and not isinstance(n, bool) and n > 0 for n in sizes
+    )
+    if not valid:
+        raise OptionError(
+            f"batch_sizes must be a list of positive integers, e.g. [1, 8, 64], or None. "
+            f"Received: batch_sizes={batch_sizes!r}."
+        )
+    return tuple(sorted({int(n) for n in sizes}))
+
+
+def _check_choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise OptionError(f"{name} must be one of {choices}. Received: {name}={value!r}.")
+
+
+def _check_positive_or_none(name: str, value: Any) -> None:
+    if value is not None and not (isinstance(value, int | float) and value > 0):
+        raise OptionError(f"{name} must be a positive number or None. Received: {value!r}.")

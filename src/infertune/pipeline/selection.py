@@ -1,0 +1,293 @@
+"""Selection: which candidate serves which calls, by the objective, beyond the measured noise.
+
+`select` picks among candidates measured at one batch size; `select_exact_shape` decides
+whether a candidate that runs only the sample's exact shapes takes the exact-shape path;
+`choose_per_batch` applies `select` at each tuned batch size; `choose` builds the Choice
+from the three. The rules are in each function's docstring and docs/how-it-works.md.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from functools import partial
+
+from ..backends import Backend
+from ..errors import ModelError
+from ..inputs import InputSignature
+from ..measure import RACE_RATIO, LatencyStats, clearly_slower
+from ..options import Options
+from ..outputs import OutputSignature
+from ..report import BatchResult, CandidateResult
+from ..result.choice import Choice
+
+__all__ = ["Selection", "choose", "choose_per_batch", "select", "select_exact_shape"]
+
+
+@dataclass
+class Selection:
+    """The choice, and the words the report gives it."""
+
+    choice: Choice
+    reason: str  # why the candidate serving the sample's shapes was chosen
+    general_reason: str = ""  # where there is an exact-shape path: why the general choice
+    batches: list[BatchResult] = field(default_factory=list)
+
+
+def choose(
+    results: list[CandidateResult],
+    contenders: dict[str, Backend],
+    by_batch: dict[int, dict[str, LatencyStats]],
+    options: Options,
+    inputs: InputSignature,
+    outputs: OutputSignature,
+    batch_sizes: list[int] | None,
+) -> Selection:
+    """The Choice from the measured candidates: the general choice among those that run any
+    shape, the choice per tuned batch size (with `batch_sizes`), and the exact-shape path
+    where a candidate that runs only the sample's shapes is clearly faster there."""
+    exact = {name for name, backend in contenders.items() if backend.exact_shapes is not None}
+    general, why = select(
+        [r for r in results if r.name not in exact], options.objective, options.latency_budget_ms
+    )
+    fast, fast_why = select_exact_shape(results, exact, general, options)
+    batches = (
+        choose_per_batch(results, by_batch, general, why, options, inputs.sample_batch)
+        if batch_sizes
+        else []
+    )
+    choice = Choice(
+        contenders[general.name],
+        inputs,
+        outputs,
+        by_batch={b.batch_size: contenders[b.selected] for b in batches} or None,
+        exact_shape=contenders[fast.name] if fast else None,
+    )
+    if fast:
+        return Selection(choice, fast_why, why, batches)
+    return Selection(choice, why, "", batches)
+
+
+def choose_per_batch(
+    results: list[CandidateResult],
+    by_batch: dict[int, dict[str, LatencyStats]],
+    chosen: CandidateResult,
+    why: str,
+    options: Options,
+    sample_batch: int,
+) -> list[BatchResult]:
+    """The choice at each tuned batch size, by the same rules as at the sample's; the
+    sample's batch size keeps the choice already made there."""
+    choices = []
+    for size, stats in sorted(by_batch.items()):
+        if size == sample_batch:
+            reasons = {r.name: r.reason for r in results if r.name in stats and r is not chosen}
+            choices.append(BatchResult(size, chosen.name, why, stats, reasons))
+            continue
+        at_size = [
+            replace(r, status="ok", reason="", latency=stats[r.name])
+            for r in results
+            if r.name in stats
+        ]
+        for r in at_size:
+            r.throughput = size / (r.latency.mean / 1e3)
+        picked, picked_why = select(at_size, options.objective, options.latency_budget_ms)
+        reasons = {r.name: r.reason for r in at_size if r is not picked}
+        choices.append(BatchResult(size, picked.name, picked_why, stats, reasons))
+    return choices
+
+
+def select(
+    results: list[CandidateResult], objective: str, latency_budget_ms: float | None = None
+) -> tuple[CandidateResult, str]:
+    """The fastest candidate by the objective, or one within noise of it; with a latency
+    budget, among those whose p99 is within it (all of them, said, where none is).
+
+    A candidate is out when another is clearly faster than it (round by round, see
+    measure.clearly_slower), or when its median (mean, for throughput) is more than
+    _TIE_REL above the lowest of those left; the rest tie, and _tie_key breaks the tie.
+
+    Each is compared with every other, not just with the one of lowest median: on a machine
+    whose other cores are busy, a multi-threaded runtime is erratic (some rounds at full
+    speed, some at half), clearly faster than no one and clearly slower than no one. A
+    steady candidate must not win the tie for its cheaper start over a steady one clearly
+    faster than it, nor an erratic one 20% slower in the median."""
+    measured = [r for r in results if r.status == "ok" and r.latency is not None]
+    if not measured:
+        raise ModelError("No candidate could be measured, not even the model itself.")
+    over_budget: list[CandidateResult] = []
+    if latency_budget_ms is not None:
+        within = [r for r in measured if r.latency.p99 <= latency_budget_ms]
+        if within:
+            over_budget = [r for r in measured if r.latency.p99 > latency_budget_ms]
+            measured = within
+
+    statistic, unit = _STATISTICS[objective]
+    cost = partial(_cost, objective=objective)
+    by_cost = sorted(measured, key=cost)
+    fastest = by_cost[0]
+    beaten = {  # the fastest candidate clearly faster than r, if any
+        id(r): next(
+            (
+                o
+                for o in by_cost
+                if o is not r and clearly_slower(r.latency, o.latency, statistic=statistic)
+            ),
+            None,
+        )
+        for r in measured
+    }
+    unbeaten = [r for r in by_cost if beaten[id(r)] is None]
+    cycle = not unbeaten  # each clearly slower than another: the rounds disagree
+    unbeaten = unbeaten or [fastest]
+    tied = [r for r in unbeaten if cost(r) <= cost(unbeaten[0]) * (1 + _TIE_REL)]
+    chosen = min(tied, key=lambda r: _tie_key(r, objective))
+    chosen.status = "selected"
+    baseline = results[0]
+    why = f"{unit} {cost(chosen):.4g} ms"
+    if baseline is not chosen and baseline.latency is not None and cost(baseline) > cost(chosen):
+        why += f", {cost(baseline) / cost(chosen):.1f}x faster than {baseline.name}"
+    if cycle:
+        why += (
+            f"; every candidate was clearly slower than another round by round (the rounds "
+            f"disagree): the lowest {unit}"
+        )
+    elif chosen is not fastest and fastest in tied:
+        words = _tie_words(chosen, fastest, objective)
+        why += f"; within noise of {fastest.name}, preferred ({words})"
+    elif chosen is not fastest:  # the lowest cost, but another was faster in most rounds
+        why += (
+            f"; {fastest.name} has the lowest {unit} ({cost(fastest):.4g} ms) but is clearly "
+            f"slower than {beaten[id(fastest)].name} round by round"
+        )
+    if latency_budget_ms is not None:
+        if over_budget or all(r.latency.p99 <= latency_budget_ms for r in measured):
+            why += (
+                f"; p99 {chosen.latency.p99:.4g} ms within latency_budget_ms={latency_budget_ms:g}"
+            )
+        else:
+            best = min(measured, key=lambda r: r.latency.p99)
+            why += (
+                f"; no candidate met latency_budget_ms={latency_budget_ms:g} (the lowest p99 "
+                f"was {best.latency.p99:.4g} ms, {best.name})"
+            )
+    for r in over_budget:
+        r.reason = f"p99 {r.latency.p99:.4g} ms exceeds latency_budget_ms={latency_budget_ms:g}"
+    for r in measured:
+        if r is chosen:
+            continue
+        winner = beaten[id(r)]
+        if r in tied:
+            r.reason = (
+                f"within noise of {chosen.name} ({unit} {cost(r):.4g} ms); {chosen.name} "
+                f"preferred ({_tie_words(chosen, r, objective)})"
+            )
+        elif cost(r) > cost(chosen) and (
+            winner is None or clearly_slower(r.latency, chosen.latency, statistic=statistic)
+        ):  # clearly slower than the chosen one, or erratic and more than 5% above it
+            r.reason = (
+                f"{cost(r) / cost(chosen):.2f}x slower than {chosen.name} ({unit} {cost(r):.4g} ms)"
+            )
+        else:  # beaten round by round, whatever its median over all calls says
+            r.reason = (
+                f"clearly slower than {winner.name} round by round ({unit} {cost(r):.4g} ms, "
+                f"{winner.name} {cost(winner):.4g} ms)"
+            )
+    for r in measured + over_budget:
+        if r.latency.left_after is not None and r is not chosen:
+            r.reason += (
+                f"; measured {r.latency.left_after} rounds: more than {RACE_RATIO:g}x slower "
+                f"than another in each, it left the rest"
+            )
+    return chosen, why
+
+
+# What each objective ranks candidates by: (the per-round statistic, its name in reasons).
+_STATISTICS = {"latency": ("median", "p50"), "throughput": ("mean", "mean")}
+
+
+def _cost(r: CandidateResult, objective: str) -> float:
+    """ms per call by the objective's statistic."""
+    return r.latency.p50 if objective == "latency" else r.latency.mean
+
+
+# How far above the lowest median (mean, for throughput) a candidate that nothing beats
+# round by round still ties: the stability tolerance of the measurement (measure.py).
+_TIE_REL = 0.05
+
+
+def select_exact_shape(
+    results: list[CandidateResult], exact: set[str], general: CandidateResult, options: Options
+) -> tuple[CandidateResult | None, str]:
+    """The candidate among those that run only the sample's exact shapes (`exact`, by name)
+    that serves calls at the sample's shapes instead of `general`, the choice among those that
+    run any shape; and why. (None, "") where none beats `general`.
+
+    By select's rules among `general` and the exact-shape candidates measured, with one
+    more: a tie stays with `general`. A fast path holds a second prepared model and splits
+    the calls between two runtimes, so it must be faster beyond noise: clearly faster round
+    by round, or its median (mean, for throughput) more than _TIE_REL below, or within the
+    latency budget where `general` is not."""
+    measured = [
+        r for r in results if r.name in exact and r.status == "ok" and r.latency is not None
+    ]
+    if not measured:
+        return None, ""
+    stand_in = replace(general, status="ok", reason="")  # select sets its status and reason
+    picked, why = select([stand_in, *measured], options.objective, options.latency_budget_ms)
+    if picked is stand_in:
+        return None, ""
+    statistic, unit = _STATISTICS[options.objective]
+    cost = partial(_cost, objective=options.objective)
+    budget = options.latency_budget_ms
+    beyond_noise = (
+        clearly_slower(general.latency, picked.latency, statistic=statistic)
+        or cost(general) > cost(picked) * (1 + _TIE_REL)
+        or (budget is not None and picked.latency.p99 <= budget < general.latency.p99)
+    )
+    if not beyond_noise:
+        picked.status = "ok"
+        picked.reason = (
+            f"within noise of {general.name} at the sample's shapes ({unit} "
+            f"{cost(picked):.4g} ms, {general.name} {cost(general):.4g} ms): {general.name} "
+            f"serves them too, as a fast path of its own must be clearly faster"
+        )
+        return None, ""
+    general.reason = (
+        f"serves every call but those at the sample's exact shapes, which {picked.name} serves"
+    )
+    return picked, f"{why}; at the sample's exact shapes only, {general.name} serves the others"
+
+
+def _tie_key(r: CandidateResult, objective: str) -> tuple:
+    """Full precision first, then the smaller error and the cheaper start (prepare plus first
+    call), each by decade (2e-7 and 3e-7 are the same float32 round-off), then the steadier:
+    the lower p90 for latency (the medians are within noise: the tail is the difference a
+    caller sees, as with a runtime whose threads share a busy core), the lower mean for
+    throughput; then the faster median."""
+    latency = r.latency
+    return (
+        r.precision != "fp32",
+        _decade(r.max_rel_err or 0.0),
+        _decade((r.prepare_s or 0.0) + (r.first_call_ms or 0.0) / 1e3),  # XLA compiles late
+        (latency.p90 if objective == "latency" else latency.mean) if latency else math.inf,
+        latency.p50 if latency else math.inf,
+    )
+
+
+def _decade(value: float, floor: int = -6) -> int:
+    """Order of magnitude; everything under 1e-6 is float32 round-off and counts as equal."""
+    return max(math.floor(math.log10(value)), floor) if value > 0 else floor
+
+
+def _tie_words(chosen: CandidateResult, other: CandidateResult, objective: str) -> str:
+    a, b = _tie_key(chosen, objective), _tie_key(other, objective)
+    if a[0] != b[0]:
+        return "full precision"
+    if a[1] != b[1]:
+        return "more exact"
+    if a[2] != b[2]:
+        return "cheaper to start"
+    if a[3] != b[3]:
+        return "steadier: lower p90" if objective == "latency" else "lower mean"
+    return "faster median"

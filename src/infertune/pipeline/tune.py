@@ -1,0 +1,267 @@
+"""The pipeline, stage by stage, and nothing else:
+
+inputs -> reference -> candidates -> prepare -> verify -> measure -> select -> choice + report
+
+Each stage lives in its own module; this one runs them in order, closes what is not chosen,
+and writes the report.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..backends import BACKENDS, Backend, KerasEager
+from ..environment import collect_environment, fingerprint
+from ..errors import ModelError
+from ..gpu import enable_tf_memory_growth
+from ..inputs import InputSignature, build_signature
+from ..machine import MachineRecord
+from ..models import ModelSource, load_model
+from ..options import Options
+from ..progress import Progress
+from ..report import CandidateResult, Diagnosis, Report
+from ..result.choice import Choice
+from ..stages import StageTimes
+from ..target import Target
+from ..verify import ELEMENT_RULE
+from .diagnosis import diagnose
+from .isolation import Isolation
+from .measuring import close_quietly, measure_batches
+from .planning import Probe, after_candidates_s, learn_from_run
+from .preparing import Budget, prepare_all, shared_stage
+from .reference import (
+    Check,
+    output_signature,
+    probe,
+    reference_outputs,
+    tuned_batch_sizes,
+    verification_inputs,
+)
+from .selection import Selection, choose
+
+__all__ = ["Model", "candidates", "load_for_tuning", "tune"]
+
+# What optimize() does after the report: releasing the run's freed memory to the OS (a full
+# garbage collection: 0.3-0.4 s after ResNet50's candidates on two cores).
+_FINISH_S = 0.5
+
+
+@dataclass
+class Model:
+    """The model as the pipeline takes it: loaded, its input signature, the sample flat."""
+
+    source: ModelSource
+    signature: InputSignature
+    sample: list[np.ndarray]
+    gpu_growth: dict  # what enable_tf_memory_growth() did, for the report
+
+
+def candidates(source: ModelSource, options: Options) -> list[Backend]:
+    """The reference (the model's own call) first, then the requested (or all registered)
+    backends, each a new instance."""
+    reference = KerasEager("keras-eager" if source.is_keras else "original")
+    if options.backends is None:
+        return [reference, *(factory() for factory in BACKENDS.values())]
+    chosen = [b if isinstance(b, Backend) else BACKENDS[b]() for b in options.backends]
+    return [reference, *chosen]
+
+
+def tune(model: Model, options: Options, progress: Progress) -> tuple[Choice, Report]:
+    """Every stage of optimize() after the model is loaded: the choice and its report."""
+    source, signature, sample = model.source, model.signature, model.sample
+    times = progress.times
+    backends = candidates(source, options)
+    batch_sizes = tuned_batch_sizes(options.batch_sizes, signature)
+    with progress.timed("reference", text="computing reference outputs"):
+        reference, structure, first_call_s = reference_outputs(source, signature, sample)
+    dtypes = [ref.dtype for ref in reference]
+    target = Target(source, signature, structure, dtypes, options.objective)
+    with progress.timed("verification inputs"):
+        checks, call_s = verification_inputs(
+            source, signature, sample, reference, progress, batch_sizes
+        )
+    outputs = output_signature(structure, signature, checks)
+
+    with progress.timed("environment"):
+        environment = collect_environment()
+    record = MachineRecord(fingerprint(environment))
+    with progress.timed("FLOP count", text="counting the model's arithmetic (one trace of it)"):
+        planned = probe(source, signature, sample, checks, call_s, record.peak_gflops)
+    budget = _budget(options, first_call_s, planned, record)
+
+    results: list[CandidateResult] = []
+    isolation = Isolation(options.isolation, options.candidate_timeout_s)
+    try:
+        contenders, call_estimates, tried = prepare_all(
+            backends, target, checks, results, options, progress, isolation, budget, planned,
+            record,
+        )  # fmt: skip
+    finally:
+        isolation.close()
+    for name, seconds in isolation.child_seconds.items():
+        times.add_background(name, seconds, "rehearsal in the child process")
+    for key, seconds in target.offloaded_seconds.items():
+        times.add_background("(shared)", seconds, f"{shared_stage(key)} in a worker process")
+    results[0].first_call_ms = 1e3 * first_call_s  # the model's own first call, on the sample
+    precision_notes = [
+        f"{backend.name}: {backend.precision_note}"
+        for backend, result in zip(backends, results)
+        if backend.precision_note and result.status not in ("skipped", "unavailable")
+    ]
+    kinds = [(type(b), b.name) for b in backends]
+    del backends  # a rejected candidate is referenced by nobody
+    if results[0].status != "ok":
+        raise ModelError(
+            f"The model does not reproduce its own outputs on the same input "
+            f"({results[0].reason}); a model with randomness at inference (dropout in "
+            f"training mode, random layers) cannot be verified."
+        )
+
+    by_batch = measure_batches(
+        contenders, sample, results, signature, batch_sizes, options, progress, budget,
+        call_estimates,
+    )  # fmt: skip
+    selection = choose(results, contenders, by_batch, options, signature, outputs, batch_sizes)
+    choice = selection.choice
+    kept = {id(backend) for backend in choice.backends}
+    for backend in contenders.values():
+        if id(backend) not in kept:
+            close_quietly(backend)
+    contenders.clear()
+    serving = choice.serving.name
+    progress.stage("diagnosis: the machine's peak")
+    diagnosis = diagnose(
+        source, signature, sample, results, serving, environment,
+        flops=(planned.flops, planned.flops_note), record=record, timed=progress.timed,
+    )  # fmt: skip
+    times.total_s = progress.elapsed()
+    statuses = {r.name: r.status for r in results}
+    learn_from_run(record, planned, kinds, statuses, times, serving)
+    notes = (
+        _notes(target, checks, results)
+        + precision_notes
+        + target.notes
+        + _plan_notes(options, tried, results)
+        + _gpu_notes(model.gpu_growth)
+        + isolation.notes
+    )
+    report = _report(model, options, results, environment, selection, notes, diagnosis, times)
+    progress.say(f"selected {serving}: {report.selection_reason}")
+    if choice.exact_shape:
+        progress.say(f"every other shape: {choice.general.name}: {selection.general_reason}")
+    for line in report.batch_summary():
+        progress.say(line)
+    progress.say(times.summary().replace("\n  ", "; "))
+    return choice, report
+
+
+def _report(
+    model: Model,
+    options: Options,
+    results: list[CandidateResult],
+    environment: dict,
+    selection: Selection,
+    notes: list[str],
+    diagnosis: Diagnosis,
+    times: StageTimes,
+) -> Report:
+    """The report of the run: every candidate, the choice and why, the notes, the stages."""
+    choice = selection.choice
+    return Report(
+        model=model.source.description,
+        signature=model.signature.describe(),
+        batch_size=model.signature.sample_batch,
+        objective=options.objective,
+        rtol=options.rtol,
+        atol=options.atol,
+        candidates=results,
+        environment=environment,
+        selected=choice.serving.name,
+        selection_reason=selection.reason,
+        total_s=times.total_s,
+        notes=notes,
+        diagnosis=diagnosis,
+        batches=selection.batches,
+        latency_budget_ms=options.latency_budget_ms,
+        stages=times,
+        general_backend=choice.general.name if choice.exact_shape else None,
+        general_reason=selection.general_reason,
+    )
+
+
+def load_for_tuning(model: Any, sample_input: Any, progress: Progress) -> Model:
+    """The model loaded and its sample checked against it: the pipeline's input."""
+    with progress.timed("model load", text="loading the model"):
+        # Before TensorFlow runs anything on a GPU: candidates after it must still find memory.
+        growth = enable_tf_memory_growth()
+        source = load_model(model)
+        signature, sample = build_signature(
+            sample_input, source.declared_inputs, source.default_float
+        )
+        progress.say(f"{source.description}; inputs {signature.describe()}")
+    return Model(source, signature, sample, growth)
+
+
+def _budget(options: Options, first_call_s: float, planned: Probe, record: MachineRecord):
+    """The time budget: time_budget_s from optimize()'s start plus the model's own first call
+    (which no candidate can save), and what the work after the candidates needs."""
+    if options.time_budget_s is None:
+        return Budget(None)
+    peak = record.peak_gflops
+    return Budget(
+        options.time_budget_s,
+        options.deadline + first_call_s,
+        lambda contenders: after_candidates_s(planned, contenders, peak is not None, peak),
+        after_measurement_s=(0.0 if peak is not None else 1.5) + 0.5 + _FINISH_S,
+    )
+
+
+def _plan_notes(options: Options, tried: list[str], results: list[CandidateResult]) -> list[str]:
+    """With a time budget: the order candidates were tried in, and how many were skipped."""
+    if options.time_budget_s is None:
+        return []
+    skipped = [r.name for r in results if r.status == "skipped" and "time_budget_s" in r.reason]
+    note = (
+        f"time_budget_s={options.time_budget_s:g}: candidates tried most promising first "
+        f"({', '.join(tried)})"
+    )
+    if skipped:
+        note += f"; skipped for the budget: {', '.join(skipped)} (each says why)"
+    return [note]
+
+
+def _gpu_notes(growth: dict) -> list[str]:
+    """What enable_tf_memory_growth() did, where TensorFlow sees a GPU."""
+    if not growth["gpus"]:
+        return []
+    note = f"TensorFlow GPU memory growth: enabled on {growth['enabled'] or 'none'}"
+    if growth["too_late"]:
+        note += (
+            f"; not on {growth['too_late']}, already initialized by the caller (TensorFlow "
+            f"may hold most of that GPU's memory: call tf.config.experimental."
+            f"set_memory_growth before first use)"
+        )
+    return [note]
+
+
+def _notes(target: Target, checks: list[Check], results: list[CandidateResult]) -> list[str]:
+    notes = [
+        f"verified on {len(checks)} inputs: " + ", ".join(c.label for c in checks),
+        f"an element fails when {ELEMENT_RULE}; an output fails when ||out-ref||/||ref|| > rtol",
+    ]
+    exact = [r.name for r in results if r.exact_shapes is not None]
+    if exact:
+        at_sample = [c.label for c in checks if c.shapes == checks[0].shapes]
+        notes.append(
+            f"{', '.join(exact)} run{'s' if len(exact) == 1 else ''} only the sample's exact "
+            f"shapes: verified on "
+            f"{', '.join(at_sample)} only, measured at the sample's batch size only, and "
+            f"eligible only for calls of exactly those shapes"
+        )
+    exported = target.shared_value("onnx")
+    if exported is not None:
+        notes.append(f"ONNX export (opset {exported.opset}) took {exported.seconds:.2f} s")
+    return notes

@@ -1,0 +1,119 @@
+"""The choice: which prepared candidate serves which calls. One value, built in one place
+(pipeline/selection.py after tuning; saved.py on load; deploy/cache.py on a cache hit that
+prepares again), used by the callable, save/load, the cache and the served model, and written
+in one format (`to_dict`).
+
+- `general`: the candidate chosen among those that run any input shape, at the sample's
+  batch size;
+- `by_batch`: where optimize(batch_sizes=...) chose per tuned batch size, the candidate for
+  each; a call goes to the one for the smallest tuned batch size at or above its own (the
+  largest beyond them). None: `general` serves every batch size;
+- `exact_shape`: the exact-shape path, a candidate that runs only the sample's exact input
+  shapes (LiteRT converted at those shapes where the conversion with free dimensions fails)
+  and was clearly faster there: it serves the calls of exactly those shapes. None: none.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ..backends.base import Backend
+from ..inputs import InputSignature
+from ..outputs import OutputSignature
+
+__all__ = ["Choice"]
+
+
+@dataclass
+class Choice:
+    """Which candidate serves which calls, with the signatures they serve them in."""
+
+    general: Backend
+    inputs: InputSignature
+    outputs: OutputSignature
+    by_batch: dict[int, Backend] | None = None
+    exact_shape: Backend | None = None
+
+    def __post_init__(self) -> None:
+        if self.by_batch is not None:
+            self.by_batch = dict(sorted(self.by_batch.items()))
+
+    @property
+    def serving(self) -> Backend:
+        """The candidate that serves calls at the sample's input shapes."""
+        return self.exact_shape or self.general
+
+    @property
+    def backends(self) -> list[Backend]:
+        """The distinct prepared backends: the general choice first, then those chosen at
+        other batch sizes, then the exact-shape path."""
+        found = self.general_backends
+        if self.exact_shape is not None:
+            found.append(self.exact_shape)
+        return found
+
+    @property
+    def general_backends(self) -> list[Backend]:
+        """The distinct backends chosen among those that run any shape, `general` first."""
+        found = [self.general]
+        for backend in (self.by_batch or {}).values():
+            if all(backend is not b for b in found):
+                found.append(backend)
+        return found
+
+    @property
+    def backends_by_batch(self) -> dict[int, str]:
+        """{tuned batch size: name of the candidate chosen there}."""
+        if self.by_batch is None:
+            return {self.inputs.sample_batch: self.general.name}
+        return {size: backend.name for size, backend in self.by_batch.items()}
+
+    @property
+    def exact_shapes(self) -> list[tuple[int, ...]]:
+        """The input shapes the exact-shape path serves: the sample's."""
+        return [tuple(shape) for shape in self.inputs.sample_shapes]
+
+    def close(self) -> None:
+        for backend in self.backends:
+            backend.close()
+
+    # -- the one format ------------------------------------------------------------------
+    def to_dict(self) -> dict:
+        """{"general": name, "by_batch": {"N": name} or None, "exact_shape": {"backend":
+        name, "shapes": [...]} or None}: what the manifest and the cache write."""
+        by_batch = None
+        if self.by_batch is not None and len(self.general_backends) > 1:
+            by_batch = {str(size): name for size, name in self.backends_by_batch.items()}
+        exact = None
+        if self.exact_shape is not None:
+            shapes = [list(shape) for shape in self.exact_shapes]
+            exact = {"backend": self.exact_shape.name, "shapes": shapes}
+        return {"general": self.general.name, "by_batch": by_batch, "exact_shape": exact}
+
+    @staticmethod
+    def names(data: dict) -> list[str]:
+        """The distinct candidate names a `to_dict()` value names, `general` first."""
+        names = [data["general"], *(data.get("by_batch") or {}).values()]
+        if data.get("exact_shape"):
+            names.append(data["exact_shape"]["backend"])
+        return list(dict.fromkeys(names))
+
+    @classmethod
+    def from_dict(
+        cls,
+        data: dict,
+        backend: Callable[[str], Backend],
+        inputs: InputSignature,
+        outputs: OutputSignature,
+    ) -> Choice:
+        """The choice `to_dict()` wrote, with `backend(name)` giving each prepared backend."""
+        by_batch = data.get("by_batch")
+        exact = data.get("exact_shape")
+        return cls(
+            backend(data["general"]),
+            inputs,
+            outputs,
+            by_batch={int(n): backend(name) for n, name in by_batch.items()} if by_batch else None,
+            exact_shape=backend(exact["backend"]) if exact else None,
+        )

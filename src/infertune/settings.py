@@ -1,0 +1,50 @@
+"""Settings read from environment variables, for tests, benchmarks and operators.
+
+They change how long or where optimize() works, never what it may choose. Each is read when
+it is used, so a test sets it with `monkeypatch.setenv` and a benchmark in its environment.
+
+    INFERTUNE_MEASURE_S      seconds of measurement per batch size when optimize() has no
+                             time_budget_s (default 5; the test suite uses 0.3)
+    INFERTUNE_TF_WORKER      "auto" (default): a long TFLite conversion of a Keras model goes
+                             to a worker process where a core is free (pipeline/tf_worker.py);
+                             "always": every one, whatever its size or the machine's load;
+                             "never": none
+    INFERTUNE_MACHINE_FILE   where what runs learn about the machine is kept (machine.py)
+"""
+
+from __future__ import annotations
+
+import os
+
+__all__ = ["TF_WORKER_MODES", "measure_s", "tf_worker_mode"]
+
+DEFAULT_MEASURE_S = 5.0
+TF_WORKER_MODES = ("auto", "always", "never")
+
+
+def measure_s() -> float:
+    """Seconds of measurement per batch size without a time budget: INFERTUNE_MEASURE_S."""
+    return _positive("INFERTUNE_MEASURE_S", DEFAULT_MEASURE_S)
+
+
+def tf_worker_mode() -> str:
+    """INFERTUNE_TF_WORKER: "auto", "always" or "never"."""
+    value = os.environ.get("INFERTUNE_TF_WORKER", "auto").strip().lower() or "auto"
+    if value not in TF_WORKER_MODES:
+        raise ValueError(
+            f"INFERTUNE_TF_WORKER must be one of {TF_WORKER_MODES}. Received: {value!r}."
+        )
+    return value
+
+
+def _positive(name: str, default: float) -> float:
+    text = os.environ.get(name, "").strip()
+    if not text:
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise ValueError(f"{name} must be a positive number of seconds. Received: {text!r}.")
+    return value
