@@ -116,3 +116,39 @@ def test_bad_isolation_options_are_usage_errors(argv, capsys):
     with pytest.raises(SystemExit) as exit_:
         main(["demo", *argv])
     assert exit_.value.code == 2 and argv[0] in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--save", "{full}"], "is not an empty directory"),
+        (["--json", "{missing}/r.json"], "does not exist"),
+        (["--cache", "{file}"], "is not a directory"),
+        (["--budget", "-1"], "time_budget_s must be a positive number"),
+    ],
+)
+def test_checks_that_need_no_model_come_before_loading_it(tmp_path, capsys, extra, message):
+    """The model path does not exist: an error about it would mean the check came later."""
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "kept.txt").write_text("mine")
+    (tmp_path / "file").write_text("not a directory")
+    paths = {"full": tmp_path / "full", "missing": tmp_path / "missing", "file": tmp_path / "file"}
+    argv = ["optimize", str(tmp_path / "no-such-model.keras")]
+    argv += [arg.format(**paths) for arg in extra]
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert message in err and "no-such-model" not in err, err
+    assert (tmp_path / "full" / "kept.txt").read_text() == "mine"
+
+
+def test_env_says_tensorflow_candidates_need_tensorflow(monkeypatch):
+    """A deploy environment without TensorFlow: keras-eager, tf-function and tf-xla are not
+    listed as available (the fake is only the missing package, as find_spec sees it)."""
+    import sys as _sys
+
+    from infertune.backends import BACKENDS
+    from infertune.backends.keras_eager import KerasEager
+
+    monkeypatch.setitem(_sys.modules, "tensorflow", None)
+    for backend in (KerasEager(), BACKENDS["tf-function"](), BACKENDS["tf-xla"]()):
+        assert backend.available() == "tensorflow is not installed (pip install tensorflow)"

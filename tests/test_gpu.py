@@ -29,7 +29,7 @@ import infertune
 from infertune.backends import BACKENDS, GPU_BACKENDS
 from infertune.backends.onnxruntime_gpu import OnnxRuntimeCuda
 from infertune.backends.tensorrt import build_settings, float16_onnx, host_shape
-from infertune.environment import gpu_devices, package_version
+from infertune.environment import gpu_devices, install_hint, package_version
 from infertune.gpu import (
     NO_GPU,
     GpuFacts,
@@ -116,9 +116,9 @@ def test_every_gpu_candidate_is_unavailable_in_a_real_report():
     facts = gpu_facts()
     if "onnxruntime-gpu" not in facts.onnxruntime:  # the CPU install CI tests
         for name in ("onnxruntime-cuda", "onnxruntime-cuda:graph", "onnxruntime-tensorrt"):
-            assert "infertune[gpu]" in reason[name]
+            assert install_hint("gpu") in reason[name]
     if facts.tensorrt is None:
-        assert "infertune[tensorrt]" in reason["tensorrt"]
+        assert install_hint("tensorrt") in reason["tensorrt"]
     if facts.cuda_python is None:
         assert "cuda-python" in reason["tensorrt-fp16"]
     # optimize() has imported TensorFlow (2.21 here): its build is the reason, not a guess.
@@ -170,12 +170,12 @@ def test_gpu_without_onnxruntime_gpu_names_the_extra():
         ALL_THERE, onnxruntime=(), ort_providers=None, ort_tensorrt_links=()
     )
     reason = reason_unavailable("onnxruntime-cuda", facts)
-    assert reason == "onnxruntime-gpu is not installed (pip install 'infertune[gpu]')"
+    assert reason == f"onnxruntime-gpu is not installed ({install_hint('gpu')})"
     # Beside the CPU onnxruntime, installing the GPU one is not enough: both write the module.
     cpu_only = dataclasses.replace(facts, onnxruntime=("onnxruntime",))
     assert reason_unavailable("onnxruntime-cuda", cpu_only) == (
-        "onnxruntime-gpu is not installed (pip uninstall -y onnxruntime onnxruntime-gpu, "
-        "then pip install 'infertune[gpu]')"
+        f"onnxruntime-gpu is not installed (pip uninstall -y onnxruntime onnxruntime-gpu, "
+        f"then {install_hint('gpu')})"
     )
 
 
@@ -188,15 +188,13 @@ def test_cpu_onnxruntime_shadowing_the_gpu_one_is_explained():
     reason = reason_unavailable("onnxruntime-cuda", facts)
     assert "no CUDAExecutionProvider" in reason and "both installed" in reason
     # The fix works now that the gpu extra does not bring the CPU onnxruntime back.
-    assert "pip uninstall -y onnxruntime onnxruntime-gpu, then pip install 'infertune[gpu]'" in (
-        reason
-    )
+    assert f"pip uninstall -y onnxruntime onnxruntime-gpu, then {install_hint('gpu')}" in reason
 
 
 def test_tensorrt_needs_the_package_that_imports_and_cuda_python():
     facts = dataclasses.replace(ALL_THERE, tensorrt=None, cuda_python=None)
     reason = reason_unavailable("tensorrt", facts)
-    assert "tensorrt is not installed (pip install 'infertune[tensorrt]')" in reason
+    assert f"tensorrt is not installed ({install_hint('tensorrt')})" in reason
     assert "cuda-python is not installed" in reason
     # Installed, its libraries missing: `import tensorrt` fails, so the candidate is
     # unavailable with that error, not `failed` in the middle of optimize().
@@ -218,7 +216,7 @@ def test_onnxruntime_tensorrt_needs_the_tensorrt_major_its_provider_links():
     reason = reason_unavailable("onnxruntime-tensorrt", facts)
     assert "links libnvinfer.so.10, libnvonnxparser.so.10 (TensorRT 10)" in reason
     assert "tensorrt-cu13 11.4.0.106 is installed and cannot serve it" in reason
-    assert "infertune[tensorrt]" in reason
+    assert install_hint("tensorrt") in reason
     assert reason_unavailable("onnxruntime-cuda", facts) is None  # CUDA does not need it
     no_provider = dataclasses.replace(ALL_THERE, ort_tensorrt_links=(), ort_providers=None)
     assert "no TensorRT provider library" in reason_unavailable("onnxruntime-tensorrt", no_provider)

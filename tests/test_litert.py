@@ -20,6 +20,7 @@ from conftest import (
 
 import infertune
 from infertune.backends.litert import LiteRT, _input_order, _output_order
+from infertune.environment import install_hint
 from infertune.target import Target
 
 needs_litert = pytest.mark.skipif(
@@ -212,7 +213,7 @@ def test_unavailable_without_litert(monkeypatch):
     # importlib.util.find_spec (what available() asks) report the package missing.
     monkeypatch.setitem(sys.modules, "ai_edge_litert", None)
     reason = LiteRT().available()
-    assert reason is not None and "pip install 'infertune[litert]'" in reason
+    assert reason is not None and install_hint("litert") in reason
     sample = np.random.default_rng(0).standard_normal((4, 6)).astype("float32")
     model = dense_model()
     opt = infertune.optimize(model, sample, backends=[LiteRT()], verbose=False)

@@ -8,7 +8,7 @@ import numpy as np
 import onnx
 import onnx.numpy_helper
 import pytest
-from conftest import assert_matches_model, dense_model
+from conftest import assert_matches_model, dense_model, target_for
 
 import infertune
 from infertune.backends.onnxruntime import (
@@ -18,13 +18,46 @@ from infertune.backends.onnxruntime import (
 )
 
 
+def towers(seed: int = 0):
+    """Two Dense towers side by side: parallel branches ORT_PARALLEL can run at once."""
+    import keras
+
+    keras.utils.set_random_seed(seed)
+    x = keras.Input((6,))
+    left, right = keras.layers.Dense(8)(x), keras.layers.Dense(8)(x)
+    return keras.Model(x, keras.layers.Dense(3)(keras.layers.Concatenate()([left, right])))
+
+
 def test_every_session_variant_is_verified_and_distinct():
     sample = np.random.default_rng(0).standard_normal((8, 6)).astype("float32")
     names = [n for n in onnxruntime_cpu_variants() if not n.endswith("int8")]
-    opt = infertune.optimize(dense_model(), sample, backends=names, verbose=False)
+    opt = infertune.optimize(towers(), sample, backends=names, verbose=False)
     for name in names:
         assert opt.report.candidate(name).status in ("ok", "selected"), opt.report
     assert "onnxruntime-cpu:threads=1" in names and "onnxruntime-cpu:parallel" in names
+
+
+def test_the_parallel_mode_is_not_tried_on_a_chain_of_layers():
+    """A chain has nothing to run at once: the parallel execution mode would only hand each
+    node to another thread; it is skipped, and the report says why."""
+    sample = np.random.default_rng(0).standard_normal((8, 6)).astype("float32")
+    opt = infertune.optimize(
+        dense_model(), sample, backends=["onnxruntime-cpu:parallel"], verbose=False
+    )
+    parallel = opt.report.candidate("onnxruntime-cpu:parallel")
+    assert parallel.status == "skipped" and "no parallel branches" in parallel.reason
+
+
+def test_the_parallel_width_counts_independent_matrix_operations():
+    from infertune.export.onnx import export_onnx, parallel_width
+
+    def width(model, sample):
+        target = target_for(model, sample)
+        return parallel_width(onnx.load_from_string(export_onnx(target).model_bytes).graph)
+
+    sample = np.zeros((2, 6), np.float32)
+    assert width(dense_model(), sample) == 1
+    assert width(towers(), sample) == 2
 
 
 def test_chosen_settings_are_the_ones_called():

@@ -10,7 +10,7 @@ from conftest import dense_model
 
 import infertune
 from infertune.measure import clearly_slower
-from infertune.report import STATUSES
+from infertune.report import STATUSES, CandidateResult, Report
 
 
 @pytest.fixture(scope="module")
@@ -55,3 +55,31 @@ def test_table_and_json(report, tmp_path):
     env = data["environment"]
     assert env["packages"]["tensorflow"] and env["packages"]["onnxruntime"] and env["python"]
     assert env["cpu"]["logical_cores"] >= 1 and "threads" in env
+
+
+def _unavailable(name: str, reason: str) -> CandidateResult:
+    return CandidateResult(name, "unavailable", reason=reason)
+
+
+def test_a_reason_shared_by_many_candidates_is_said_once():
+    """Seven GPU candidates on a machine without a GPU take one line, not seven rows and seven
+    reasons; a clause several reasons share is said once; every reason stays in to_dict()."""
+    no_gpu = "no NVIDIA GPU here (the driver lists none)"
+    gpu = [_unavailable(f"gpu-{i}", f"{no_gpu}; also runtime {i} is missing") for i in range(7)]
+    left = "measured 2 rounds: more than 1.5x slower than another in each, it left the rest"
+    slow = [
+        CandidateResult("slow-a", "ok", reason=f"3.10x slower than fast; {left}"),
+        CandidateResult("slow-b", "ok", reason=f"2.50x slower than fast; {left}"),
+    ]
+    report = Report(
+        model="m", signature="x", batch_size=1, objective="latency", rtol=1e-3, atol=1e-5,
+        candidates=[CandidateResult("fast", "selected"), *slow, *gpu], environment={},
+        selected="fast", selection_reason="fastest", total_s=1.0,
+    )  # fmt: skip
+    text = str(report)
+    assert text.count(no_gpu) == 1 and "unavailable here (7): gpu-0, gpu-1" in text
+    assert not any(line.startswith("gpu-") for line in text.splitlines())  # no table rows
+    assert text.count(left) == 1 and f"slow-a, slow-b: {left}" in text
+    assert "slow-a: 3.10x slower than fast" in text and "slow-b: 2.50x slower than fast" in text
+    reasons = {c["name"]: c["reason"] for c in report.to_dict()["candidates"]}
+    assert reasons["gpu-3"] == f"{no_gpu}; also runtime 3 is missing"  # whole, in the JSON

@@ -139,3 +139,14 @@ def test_paths_expand_the_home_directory(tmp_path, rng, monkeypatch):
     assert (tmp_path / "home" / "cache").is_dir()
     assert not (tmp_path / "~").exists()  # never a directory literally named ~
     assert infertune.load("~/saved", verbose=False).backend == "onnxruntime-cpu"
+
+
+def test_one_candidate_at_every_tuned_batch_size_keeps_every_size(tmp_path, rng):
+    x = rng.standard_normal((4, 6)).astype("float32")
+    opt = infertune.optimize(
+        dense_model(), x, backends=["onnxruntime-cpu"], batch_sizes=[1, 8], verbose=False
+    )
+    assert set(opt.backends_by_batch) == {1, 4, 8}
+    loaded = infertune.load(opt.save(tmp_path / "saved"), verbose=False)
+    assert loaded.backends_by_batch == opt.backends_by_batch
+    assert len(loaded.backends) == 1  # one runtime serves them all: nothing dispatched

@@ -11,6 +11,7 @@ from conftest import dense_model, dict_model, dict_sample
 
 import infertune
 from infertune.cli import main
+from infertune.environment import install_hint
 
 model_config_pb2 = pytest.importorskip(
     "tritonclient.grpc.model_config_pb2", reason="pip install tritonclient (the test extra)"
@@ -141,7 +142,7 @@ def test_python_backend_takes_any_candidate_litert_included(tmp_path):
     )
     restored = infertune.load(version / "infertune_result", verbose=False)  # a whole result
     np.testing.assert_array_equal(restored(x), opt(x))
-    assert any('install "infertune[litert]"' in note for note in export.notes)
+    assert any(install_hint("litert") in note for note in export.notes)
     with pytest.raises(infertune.OptionError, match="backend must be None"):
         opt.export_triton(tmp_path, "dense", backend="onnxruntime")
 

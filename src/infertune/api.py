@@ -42,6 +42,7 @@ def optimize(
     cache: str | os.PathLike | None = None,
     batch_sizes: Sequence[int] | None = None,
     latency_budget_ms: float | None = None,
+    concurrency: int = 1,
     isolation: str = "process",
     candidate_timeout_s: float | None = DEFAULT_CANDIDATE_TIMEOUT_S,
     verbose: bool = True,
@@ -75,6 +76,13 @@ def optimize(
         latency_budget_ms: with objective="throughput", only (batch size, candidate) pairs
             whose p99 stays within this many ms are chosen; the report gives the largest
             batch size that meets it (a server's max batch size) and the best samples/s.
+        concurrency: how many callers call the result at once (a web server's worker
+            threads, requests in flight). Every candidate is measured with that many threads
+            calling it together, its latency per call under that load and its samples/s in
+            total, and the objective chooses under that load; variants that share the cores
+            better (fewer threads per call, no spinning) are among the candidates. 1 (the
+            default): one caller; the report then says in one line where two or four callers
+            would be served better by another candidate.
         isolation: how a candidate that crashes or hangs is contained. "process" (default):
             native runtimes (ONNX Runtime, OpenVINO, LiteRT) first compile and run the
             verification inputs in a child process, so a segfault or an out-of-memory kill
@@ -96,6 +104,7 @@ def optimize(
         precision=precision,
         batch_sizes=batch_sizes,
         latency_budget_ms=latency_budget_ms,
+        concurrency=concurrency,
         isolation=isolation,
         candidate_timeout_s=candidate_timeout_s,
     )

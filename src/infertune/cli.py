@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 from typing import NoReturn
+
+from .paths import user_path
 
 __all__ = ["main"]
 
@@ -167,6 +168,10 @@ def _tuning_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--latency-budget-ms", type=float, default=None, metavar="MS",
                         help="with --objective throughput: most samples/s whose p99 is "
                         "within MS")  # fmt: skip
+    parser.add_argument("--concurrency", type=_positive_int, default=1, metavar="N",
+                        help="callers calling the result at once (a server's worker threads): "
+                        "candidates are measured and chosen under N concurrent callers "
+                        "(default 1)")  # fmt: skip
     parser.add_argument("--isolation", choices=("process", "thread", "off"), default="process",
                         help="how a crashing or hanging candidate is contained (default: "
                         "process, native runtimes rehearsed in a child process)")  # fmt: skip
@@ -189,7 +194,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.verb is None:
         parser.print_help()
         return 2
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's start-up chatter
     from .errors import InfertuneError
 
     try:
@@ -203,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
 def _optimize(args: argparse.Namespace) -> int:
     from .models import load_model
 
-    _check_save(args)
+    _check_before_tuning(args)
     source = load_model(args.path)
     sample = _sample(args, source.declared_inputs)
     return _tune_and_print(source, sample, args)
@@ -228,45 +232,59 @@ def _explain(args: argparse.Namespace) -> int:
 def _demo(args: argparse.Namespace) -> int:
     from .demo import demo_model
 
-    _check_save(args)
+    _check_before_tuning(args)
     model, sample = demo_model(args.model)
     return _tune_and_print(model, sample, args)
-
-
-def _check_save(args: argparse.Namespace) -> None:
-    """--save DIR must be new or empty: said before any long work, not after tuning."""
-    if args.save:
-        from .paths import user_path
-        from .result.saved import check_target
-
-        check_target(user_path(args.save))
 
 
 def _tune_and_print(model, sample, args: argparse.Namespace) -> int:
     import infertune
 
     opt = infertune.optimize(
-        model,
-        sample,
-        backends=args.backends,
-        objective=args.objective,
-        precision=args.precision,
-        rtol=args.rtol,
-        atol=args.atol,
-        time_budget_s=args.budget,
-        cache=args.cache,
-        batch_sizes=args.batch_sizes,
-        latency_budget_ms=args.latency_budget_ms,
-        isolation=args.isolation,
-        candidate_timeout_s=args.candidate_timeout,
-        verbose=not args.quiet,
+        model, sample, **_optimize_kwargs(args), cache=args.cache, verbose=not args.quiet
     )
     print(opt.report)
     if args.json:
-        opt.report.to_json(args.json)
+        opt.report.to_json(user_path(args.json))
     if args.save:
         print(f"saved {opt.backend} to {opt.save(args.save)}")
     return 0
+
+
+def _optimize_kwargs(args: argparse.Namespace) -> dict:
+    return {
+        "backends": args.backends,
+        "objective": args.objective,
+        "precision": args.precision,
+        "rtol": args.rtol,
+        "atol": args.atol,
+        "time_budget_s": args.budget,
+        "batch_sizes": args.batch_sizes,
+        "latency_budget_ms": args.latency_budget_ms,
+        "concurrency": args.concurrency,
+        "isolation": args.isolation,
+        "candidate_timeout_s": args.candidate_timeout,
+    }
+
+
+def _check_before_tuning(args: argparse.Namespace) -> None:
+    """Every check that needs no model, made before loading and tuning it: the options,
+    --save (new or empty), --json and --cache (their directories usable)."""
+    from .errors import OptionError
+    from .options import Options
+    from .result.saved import check_target
+
+    Options.checked(**_optimize_kwargs(args))
+    if args.save:
+        check_target(user_path(args.save))
+    if args.json:
+        parent = user_path(args.json).parent
+        if not parent.is_dir():
+            raise OptionError(f"--json {args.json}: the directory '{parent}' does not exist.")
+    if args.cache:
+        cache = user_path(args.cache)
+        if cache.exists() and not cache.is_dir():
+            raise OptionError(f"--cache {args.cache}: '{cache}' exists and is not a directory.")
 
 
 def _export_triton(args: argparse.Namespace) -> int:

@@ -47,6 +47,23 @@ def package_version(name: str) -> str | None:
         return None
 
 
+def install_hint(extra: str) -> str:
+    """How to install what one of infertune's extras brings, in words that work: the
+    packages themselves (from this installation's metadata), or the extra from infertune's
+    source tree, which is where infertune installs from (it is not on a package index)."""
+    where = f'infertune\'s "{extra}" extra: pip install ".[{extra}]" in its source tree'
+    marker = f'extra == "{extra}"'
+    try:
+        requires = metadata.requires("infertune") or []
+    except metadata.PackageNotFoundError:  # run from a source tree that is not installed
+        requires = []
+    packages = [r.split(";")[0].strip() for r in requires if r.split(";")[-1].strip() == marker]
+    if not packages:
+        return where
+    quoted = " ".join(f"'{p}'" if any(c in p for c in "[<>") else p for p in packages)
+    return f"pip install {quoted} ({where})"
+
+
 def _cpu_info() -> dict:
     model, flags = platform.processor() or platform.machine(), set()
     try:

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .environment import gpu_devices, package_version
+from .environment import gpu_devices, install_hint, package_version
 from .gpu_libraries import find_library, installed_by, ort_tensorrt_links
 from .inputs import InputSignature
 
@@ -58,9 +58,9 @@ __all__ = [
     "tf_build",
 ]
 
-CPU_EXTRA = "pip install 'infertune[cpu]'"  # onnxruntime, openvino, ai-edge-litert
-GPU_EXTRA = "pip install 'infertune[gpu]'"  # onnxruntime-gpu with its CUDA and cuDNN wheels
-TENSORRT_EXTRA = "pip install 'infertune[tensorrt]'"  # the same, TensorRT 10 and cuda-python
+CPU_EXTRA = install_hint("cpu")  # onnxruntime, openvino, ai-edge-litert
+GPU_EXTRA = install_hint("gpu")  # onnxruntime-gpu with its CUDA and cuDNN wheels
+TENSORRT_EXTRA = install_hint("tensorrt")  # the same, TensorRT 10 and cuda-python
 # Both ONNX Runtime packages write the `onnxruntime` module: remove both, install one.
 ORT_FIX = f"pip uninstall -y onnxruntime onnxruntime-gpu, then {GPU_EXTRA}"
 

@@ -10,6 +10,10 @@ at five times its planned length, so a candidate far slower than its warm-up sai
 spend the budget in one block.
 Measurement stops when every candidate's last three round medians agree within
 `stable_rel`, or when the budget runs out; the statistics say how many calls they rest on.
+With `callers` > 1, each block is run by that many threads at once (a service's concurrent
+requests): every call is timed in the thread that made it, so the statistics are latency per
+call under that load, and a block's calls over its wall time are the calls per second in
+total (`LatencyStats.calls_per_s`).
 A candidate slower than another by far in every round so far (3x over two rounds, or
 `RACE_RATIO` over three or more) leaves the rounds (`LatencyStats.left_after`): it cannot be
 chosen, and ResNet50's eager call (300 ms against ONNX Runtime's 17) took half of every
@@ -18,10 +22,13 @@ round's time from the candidates that can.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import math
+import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -58,6 +65,8 @@ class LatencyStats:
     round_medians: tuple[float, ...] = ()  # ms, one per interleaved round, in round order
     round_means: tuple[float, ...] = ()
     left_after: int | None = None  # the round it left the measurement in, far behind another
+    callers: int = 1  # threads calling at once while it was measured
+    calls_per_s: float | None = None  # calls per second in total, all callers together
 
     @classmethod
     def from_samples(
@@ -67,6 +76,8 @@ class LatencyStats:
         stable: bool,
         round_means_s: list[float] = (),
         left_after: int | None = None,
+        callers: int = 1,
+        calls_per_s: float | None = None,
     ) -> LatencyStats:
         ms = np.asarray(samples_s) * 1e3
         rounds_ms = np.asarray(round_medians_s) * 1e3
@@ -89,7 +100,13 @@ class LatencyStats:
             round_medians=tuple(float(v) for v in rounds_ms),
             round_means=tuple(float(v) * 1e3 for v in round_means_s),
             left_after=left_after,
+            callers=callers,
+            calls_per_s=calls_per_s,
         )
+
+    def samples_per_s(self, batch: int) -> float:
+        """Samples per second in total: each caller's batch, every mean call."""
+        return batch * self.callers / (self.mean / 1e3)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -159,19 +176,33 @@ def measure_interleaved(
     per_call_estimate_s: dict[str, float] | None = None,
     cooldown_s: dict[str, float] | None = None,
     on_round: Callable[[int, float], None] | None = None,
+    callers: int = 1,
 ) -> MeasureResult:
     """Time every runner in interleaved rounds until all are stable or the budget is spent.
 
     `per_call_estimate_s` (from warm-up) sets how many calls make one block; the first
     block of a runner whose estimate is missing is a single call. `cooldown_s` is how long
     to wait after a runner's block (its threads spinning on the cores) before the next one.
+    `callers`: threads that run each block at once (see the module's docstring).
     """
+    with _Callers(callers) as pool:
+        return _measure(
+            runners, pool, budget_s, block_s, min_rounds, max_rounds, stable_rel,
+            per_call_estimate_s, cooldown_s, on_round,
+        )  # fmt: skip
+
+
+def _measure(
+    runners, pool, budget_s, block_s, min_rounds, max_rounds, stable_rel, per_call_estimate_s,
+    cooldown_s, on_round,
+) -> MeasureResult:  # fmt: skip
     cooldown = cooldown_s or {}
     start = time.perf_counter()
     estimate = dict(per_call_estimate_s or {})
     samples: dict[str, list[float]] = {name: [] for name in runners}
     medians: dict[str, list[float]] = {name: [] for name in runners}
     means: dict[str, list[float]] = {name: [] for name in runners}
+    busy_s: dict[str, float] = dict.fromkeys(runners, 0.0)  # blocks' wall time, for calls/s
     errors: dict[str, str] = {}
     order = list(runners)
     left: dict[str, int] = {}  # candidates far behind another: the round they left in
@@ -183,12 +214,13 @@ def measure_interleaved(
         for name in order[shift:] + order[:shift]:
             calls = max(1, min(1000, int(block_s / max(estimate.get(name, block_s), 1e-7))))
             try:
-                block = _time_block(runners[name], calls, _BLOCK_OVERRUN * block_s)
+                block, wall = pool.block(runners[name], calls, _BLOCK_OVERRUN * block_s)
             except Exception as exc:  # a runtime failing mid-measurement is reported, not raised
                 errors[name] = one_line(exc)
                 continue
             if cooldown.get(name):
                 time.sleep(cooldown[name])
+            busy_s[name] += wall
             samples[name].extend(block)
             medians[name].append(float(np.median(block)))
             means[name].append(float(np.mean(block)))
@@ -212,6 +244,8 @@ def measure_interleaved(
             _is_stable(medians[name], stable_rel),
             means[name],
             left.get(name),
+            pool.size,
+            len(samples[name]) / busy_s[name] if busy_s[name] > 0 else None,
         )
         for name in runners
         if name not in errors and samples[name]
@@ -225,16 +259,84 @@ def measure_interleaved(
 _BLOCK_OVERRUN = 5
 
 
-def _time_block(fn: Callable[[], Any], calls: int, max_s: float = math.inf) -> list[float]:
+class _Callers:
+    """The threads that run a block at once: none of its own for one caller (the block runs
+    in the measuring thread, as before), else `size` threads started once for the whole
+    measurement and released together at each block."""
+
+    def __init__(self, size: int):
+        self.size = size
+        self._pool = ThreadPoolExecutor(size, "infertune-caller") if size > 1 else None
+
+    def __enter__(self) -> _Callers:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+
+    def block(self, fn: Callable[[], Any], calls: int, max_s: float) -> tuple[list[float], float]:
+        """Each caller's `calls` calls of `fn`, timed one by one (after one untimed call
+        each); and the block's wall time, from the moment they all started to the last
+        one's end. What a caller raised is raised here."""
+        if self._pool is None:
+            start = time.perf_counter()
+            times = _time_block(fn, calls, max_s)
+            return times, time.perf_counter() - start
+        barrier = threading.Barrier(self.size + 1)
+
+        def one() -> tuple[list[float], float]:
+            try:
+                fn()  # the switch from the previous candidate, before anyone is timed
+            except BaseException:
+                barrier.abort()  # the others stop waiting; this error is the block's
+                raise
+            barrier.wait()
+            return _time_block(fn, calls, max_s, untimed_first=False, gc_off=False), (
+                time.perf_counter()
+            )
+
+        gc_was_enabled = gc.isenabled()
+        gc.disable()  # once for all the callers: the flag is the process's, not a thread's
+        try:
+            futures = [self._pool.submit(one) for _ in range(self.size)]
+            with contextlib.suppress(threading.BrokenBarrierError):  # a caller raised: below
+                barrier.wait(timeout=_BARRIER_S)
+            start = time.perf_counter()
+            outcomes = [(f.exception(), f) for f in futures]
+        finally:
+            if gc_was_enabled:
+                gc.enable()
+        errors = [e for e, _ in outcomes if e is not None]
+        if errors:
+            raise next((e for e in errors if not isinstance(e, threading.BrokenBarrierError)),
+                       errors[0])  # fmt: skip
+        results = [f.result() for _, f in outcomes]
+        return [t for times, _ in results for t in times], max(end for _, end in results) - start
+
+
+# How long the measuring thread waits for every caller's untimed first call.
+_BARRIER_S = 120.0
+
+
+def _time_block(
+    fn: Callable[[], Any],
+    calls: int,
+    max_s: float = math.inf,
+    untimed_first: bool = True,
+    gc_off: bool = True,
+) -> list[float]:
     """Time `calls` calls, or fewer once `max_s` has passed (one at least), after one untimed
     call that absorbs the switch from the previous candidate (its runtime's threads still
     spinning on the cores, caches full of its data)."""
     times = []
     clock = time.perf_counter
-    gc_was_enabled = gc.isenabled()
-    gc.disable()  # a collection inside a timed call is noise that belongs to no candidate
+    gc_was_enabled = gc_off and gc.isenabled()
+    if gc_off:
+        gc.disable()  # a collection inside a timed call is noise that belongs to no candidate
     try:
-        fn()
+        if untimed_first:
+            fn()
         start = clock()
         for _ in range(calls):
             t0 = clock()
@@ -251,9 +353,9 @@ def _time_block(fn: Callable[[], Any], calls: int, max_s: float = math.inf) -> l
 
 # A candidate leaves the rounds once another was faster than it by more than the ratio, in
 # both the round's median and its mean, in every round so far: 3x over the first two rounds,
-# RACE_RATIO from the third on. The selection (api._select) keeps only candidates within a few
-# percent of the fastest, and a gap that large in each of several interleaved rounds is no
-# load spike.
+# RACE_RATIO from the third on. The selection (pipeline/selection.select) keeps only
+# candidates within a few percent of the fastest, and a gap that large in each of several
+# interleaved rounds is no load spike.
 RACE_RATIO = 1.5
 RACE_ROUNDS = 3  # from this round on the ratio is RACE_RATIO
 EARLY_RACE_RATIO = 3.0  # over the first RACE_ROUNDS - 1 rounds (two at least)

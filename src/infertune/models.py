@@ -17,6 +17,7 @@ import numpy as np
 
 from .errors import ModelError, one_line
 from .inputs import DeclaredInput, InputSignature, to_numpy
+from .quiet import import_tensorflow
 from .structure import Structure, flatten
 
 __all__ = ["ModelSource", "load_model", "tensor_specs"]
@@ -69,6 +70,7 @@ def load_model(model: Any) -> ModelSource:
     """Wrap what the user passed to optimize() as a ModelSource, or raise ModelError."""
     if isinstance(model, ModelSource):  # already loaded (the command line loads it first)
         return model
+    import_tensorflow()  # where infertune imports it first: without its start-up lines
     if isinstance(model, str | os.PathLike):
         return _load_path(Path(model))
     if _is_keras_model(model):

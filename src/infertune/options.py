@@ -34,6 +34,7 @@ ISOLATIONS = ("process", "thread", "off")
 DEFAULT_CANDIDATE_TIMEOUT_S = 300.0  # a TensorRT engine build can take minutes
 # The model's own call: always measured, as the reference, whatever `backends` names.
 REFERENCE_NAMES = ("keras-eager", "original")
+MAX_CONCURRENCY = 256  # threads measuring one candidate at once: far past a 2-core machine
 
 
 def known_backends() -> list[str]:
@@ -55,6 +56,7 @@ class Options:
     backends: tuple[str | Backend, ...] | None = None
     batch_sizes: tuple[int, ...] | None = None  # sorted, unique; None: the sample's only
     latency_budget_ms: float | None = None
+    concurrency: int = 1  # callers calling the result at once, as a service's threads do
     isolation: str = "process"
     candidate_timeout_s: float | None = DEFAULT_CANDIDATE_TIMEOUT_S
     started: float = field(default_factory=time.perf_counter)  # when the budget started
@@ -71,6 +73,7 @@ class Options:
         precision: Any = ("fp32",),
         batch_sizes: Any = None,
         latency_budget_ms: Any = None,
+        concurrency: Any = 1,
         isolation: Any = "process",
         candidate_timeout_s: Any = DEFAULT_CANDIDATE_TIMEOUT_S,
     ) -> Options:
@@ -96,6 +99,13 @@ class Options:
                 f"whose p99 stays within the budget); objective={objective!r} already chooses "
                 f"the lowest latency. Received: latency_budget_ms={latency_budget_ms!r}."
             )
+        whole = isinstance(concurrency, int | np.integer) and not isinstance(concurrency, bool)
+        if not (whole and 1 <= concurrency <= MAX_CONCURRENCY):
+            raise OptionError(
+                f"concurrency must be an integer from 1 to {MAX_CONCURRENCY}: how many callers "
+                f"call the result at once (a service's worker threads). Received: "
+                f"concurrency={concurrency!r}."
+            )
         return cls(
             rtol=rtol,
             atol=atol,
@@ -105,6 +115,7 @@ class Options:
             backends=_checked_backends(backends),
             batch_sizes=_checked_batch_sizes(batch_sizes),
             latency_budget_ms=latency_budget_ms,
+            concurrency=int(concurrency),
             isolation=isolation,
             candidate_timeout_s=candidate_timeout_s,
         )
@@ -126,6 +137,7 @@ class Options:
             "precision": sorted(self.precisions),
             "batch_sizes": list(self.batch_sizes) if self.batch_sizes else None,
             "latency_budget_ms": self.latency_budget_ms,
+            "concurrency": self.concurrency,
             "backends": self.requested,
         }
 
@@ -140,6 +152,7 @@ class Options:
             precision=tuple(saved["precision"]),
             batch_sizes=saved.get("batch_sizes"),
             latency_budget_ms=saved.get("latency_budget_ms"),
+            concurrency=saved.get("concurrency", 1),
         )
 
     @property

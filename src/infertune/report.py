@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -98,7 +99,7 @@ class BatchResult:
     reasons: dict[str, str] = field(default_factory=dict)
 
     def samples_per_s(self, name: str) -> float:
-        return self.batch_size / (self.latency[name].mean / 1e3)
+        return self.latency[name].samples_per_s(self.batch_size)
 
     def to_dict(self) -> dict:
         return {
@@ -286,7 +287,11 @@ class Report:
             "1st call ms", "prepare s", "rel err", "n",
         )  # fmt: skip
         rows = [header]
+        grouped = self._unavailable_groups()
+        hidden = {name for names in grouped.values() for name in names}
         for c in self.candidates:
+            if c.name in hidden:
+                continue
             lat = c.latency
             rows.append(
                 (
@@ -319,10 +324,12 @@ class Report:
             if i == 0:
                 lines.append("  ".join("-" * w for w in widths))
         lines.append("")
-        for c in self.candidates:
-            why = "; ".join(filter(None, (c.exact_words, c.reason)))
-            if why:
-                lines.append(f"  {c.name}: {why}")
+        lines.extend(self._reason_lines(hidden))
+        for clause, names in grouped.items():
+            lines.append(
+                f"  unavailable here ({len(names)}): {', '.join(names)}: {clause} (each one's "
+                f"whole reason: report.to_dict(), or verbose=True)"
+            )
         lines.extend(self._batch_table())
         lines.append("")
         lines.append(f"selected: {self.selected} ({self.selection_reason})")
@@ -337,6 +344,36 @@ class Report:
         if self.diagnosis is not None:
             lines.extend(["", str(self.diagnosis)])
         return "\n".join(lines)
+
+    def _unavailable_groups(self) -> dict[str, list[str]]:
+        """{first clause of the reason: names} for candidates unavailable for the same first
+        reason (the GPU candidates on a machine without a GPU): one line in the table's
+        place instead of one row and one reason each."""
+        groups: dict[str, list[str]] = {}
+        for c in self.candidates:
+            if c.status == "unavailable" and c.reason:
+                groups.setdefault(c.reason.split("; ")[0], []).append(c.name)
+        return {clause: names for clause, names in groups.items() if len(names) > 1}
+
+    def _reason_lines(self, hidden: set[str]) -> list[str]:
+        """Why each candidate has its status, a clause that several candidates' reasons share
+        said once for all of them, after theirs."""
+        clauses = {
+            c.name: [part for part in (c.exact_words, *c.reason.split("; ")) if part]
+            for c in self.candidates
+            if c.name not in hidden
+        }
+        counts = Counter(clause for parts in clauses.values() for clause in set(parts))
+        shared = [clause for clause, n in counts.items() if n > 1]
+        lines = []
+        for name, parts in clauses.items():
+            own = [part for part in parts if part not in shared]
+            if own:
+                lines.append(f"  {name}: {'; '.join(own)}")
+        for clause in shared:
+            names = [name for name, parts in clauses.items() if clause in parts]
+            lines.append(f"  {', '.join(names)}: {clause}")
+        return lines
 
     def _batch_table(self) -> list[str]:
         """Batch size x candidate (p50, p90, p99, samples/s), the choice starred, with why

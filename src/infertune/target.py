@@ -30,6 +30,7 @@ class Target:
     output_structure: Structure
     output_dtypes: list[np.dtype]
     objective: str = "latency"  # what optimize() tunes for: backends may set hints from it
+    concurrency: int = 1  # callers calling at once: backends may size their pools from it
     _shared: dict[str, Any] = field(default_factory=dict, repr=False)
     _seconds: dict[str, float] = field(default_factory=dict, repr=False)
     used: list[str] = field(default_factory=list, repr=False)  # keys, in order of use

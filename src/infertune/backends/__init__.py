@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 
 from .base import Backend, Target
 from .keras_eager import KerasEager
@@ -33,6 +34,7 @@ BACKENDS: dict[str, Callable[[], Backend]] = {
     TfXla.name: TfXla,
     **onnxruntime_cpu_variants(),
     OpenVinoCpu.name: OpenVinoCpu,
+    f"{OpenVinoCpu.name}:throughput": partial(OpenVinoCpu, "THROUGHPUT", callers_only=True),
     OpenVinoCpuBf16.name: OpenVinoCpuBf16,
     **litert_variants(),
     **_GPU,  # after every CPU one

@@ -48,7 +48,14 @@ from ..outputs import OutputSignature
 from ..target import Target
 from .triton_plan import TritonPlan
 
-__all__ = ["Backend", "Target"]
+__all__ = ["Backend", "NotApplicable", "Target"]
+
+
+class NotApplicable(Exception):
+    """Raised by convert() or prepare() while tuning where the candidate does not apply to
+    this model or these options (an execution mode for parallel branches on a graph that has
+    none): the candidate is `skipped`, with the exception's text as its reason. Never raised
+    when a saved result is loaded (`target.source` is None): it loads as it was chosen."""
 
 
 class Backend(ABC):
@@ -88,6 +95,9 @@ class Backend(ABC):
     # docs/how-it-works.md); `exact_reason` says why, in one line.
     exact_shapes: list[tuple[int, ...]] | None = None
     exact_reason: str = ""
+    # A variant worth trying only where several callers call at once (OpenVINO's THROUGHPUT
+    # hint: streams one caller cannot fill): with optimize(concurrency=1) it is skipped.
+    callers_only: bool = False
     # Whether `triton_plan` serves this class's artifact in one of Triton's own backends.
     # Read from the class itself, never inherited (a GPU subclass of a CPU backend is not
     # served by the CPU plan): a subclass that the same plan serves says so on its own.
@@ -117,6 +127,11 @@ class Backend(ABC):
         array of exactly `shape` (the tuned one) and returns the output array, with less
         per-call work than run(). None (the default): the call path uses run()."""
         return None
+
+    def trim(self) -> None:
+        """Drop what calls from several threads at once made beyond one call's needs (idle
+        interpreters, infer requests): after optimize()'s check under several callers, a
+        result for one caller keeps one."""
 
     def close(self) -> None:
         """Release what prepare() built (sessions, compiled functions)."""

@@ -18,6 +18,7 @@ from .tf_function import (
     load_flat_savedmodel,
     save_flat_savedmodel,
     savedmodel_triton_plan,
+    tensorflow_missing,
 )
 from .triton_plan import TritonPlan
 
@@ -36,6 +37,9 @@ class KerasEager(Backend):
 
     def __init__(self, name: str = "keras-eager"):
         self.name = name  # "original" for models that are not Keras
+
+    def available(self) -> str | None:
+        return tensorflow_missing()
 
     def prepare(self, target: Target) -> None:
         self._call = target.source

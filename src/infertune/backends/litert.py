@@ -21,6 +21,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import re
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
@@ -29,9 +30,10 @@ from typing import Any
 
 import numpy as np
 
-from ..environment import usable_cores
+from ..environment import install_hint, usable_cores
 from ..errors import one_line
 from ..models import tensor_specs
+from ..quiet import stderr_without
 from .base import Backend, Target
 
 __all__ = [
@@ -42,7 +44,7 @@ __all__ = [
     "write_conversion",
 ]
 
-_INSTALL = "pip install 'infertune[litert]'"
+_INSTALL = install_hint("litert")
 
 
 class LiteRT(Backend):
@@ -82,10 +84,11 @@ class LiteRT(Backend):
     rehearse_in_child = True
     triton_unsupported = (
         "Triton Inference Server has no official LiteRT/TFLite backend (its backends are "
-        "ONNX Runtime, OpenVINO, TensorFlow, TensorRT, PyTorch and Python). Tune again with "
-        "backends=[...] naming onnxruntime-cpu, openvino-cpu or tf-function to get a result "
-        'Triton can serve, or export it for Triton\'s Python backend (backend="python"), '
-        "which runs it with infertune"
+        "ONNX Runtime, OpenVINO, TensorFlow, TensorRT, PyTorch and Python). Tune again among "
+        "onnxruntime-cpu, openvino-cpu or tf-function (backends=[...] in Python, --backends on "
+        "the command line) to get a result Triton can serve, or export it for Triton's Python "
+        'backend (backend="python" in Python, --backend python on the command line), which '
+        "runs it with infertune"
     )
 
     def __init__(self, threads: int | None = None):
@@ -200,6 +203,11 @@ class LiteRT(Backend):
             return None
         return self._free.single(tuple(shape))
 
+    def trim(self) -> None:
+        for interpreters in (self._free, self._fixed_run):
+            if interpreters is not None and interpreters.idle:
+                del interpreters.idle[1:]
+
     def close(self) -> None:
         for interpreters in (self._free, self._fixed_run):
             if interpreters is not None:
@@ -242,6 +250,28 @@ class LiteRT(Backend):
         return backend
 
 
+# LiteRT writes this on stderr when it first applies XNNPACK in a process; no setting turns it
+# off, and it says nothing about the user's model.
+_BANNER = re.compile(rb"^INFO: Created TensorFlow Lite XNNPACK delegate for CPU\.\n", re.M)
+_banner_lock = threading.Lock()
+_banner_said = False
+
+
+def _without_banner(open_session: Callable[[], Any]) -> Any:
+    """open_session() (an interpreter made and allocated: XNNPACK is applied then), the
+    process's first with stderr filtered of LiteRT's banner."""
+    global _banner_said
+    if _banner_said:
+        return open_session()
+    with _banner_lock:
+        if _banner_said:
+            return open_session()
+        with stderr_without(_BANNER):
+            session = open_session()
+        _banner_said = True
+        return session
+
+
 class _Interpreters:
     """The interpreters of one converted model: the idle ones, and the tensor indices (the
     model's, the same in each).
@@ -278,7 +308,7 @@ class _Interpreters:
     def _session(self) -> _Session:
         if self._open is None:
             raise RuntimeError("this LiteRT backend is closed")
-        session = _Session(self._open())
+        session = _without_banner(lambda: _Session(self._open()))
         if self._shapes is not None:
             session.shapes, session.shape0 = list(self._shapes), self._shapes[0]
         return session

@@ -18,11 +18,11 @@ from typing import ClassVar
 
 import numpy as np
 
-from ..environment import usable_cores
+from ..environment import install_hint, usable_cores
 from ..export.onnx import OnnxExport, export_onnx, read_onnx, write_onnx
 from ..inputs import InputSignature
 from ..outputs import OutputSignature
-from .base import Backend, Target
+from .base import Backend, NotApplicable, Target
 from .triton_plan import TritonPlan, copy_file, model_names, onnx_tensors
 
 __all__ = [
@@ -33,6 +33,8 @@ __all__ = [
     "onnxruntime_cpu_variants",
 ]
 
+# What ORT_PARALLEL cost where the graph is a chain, measured (benchmarks/ort_parallel.py).
+PARALLEL_OVERHEAD_WORDS = "measured: TBD"
 _LEVELS = {"all": "ORT_ENABLE_ALL", "extended": "ORT_ENABLE_EXTENDED", "basic": "ORT_ENABLE_BASIC"}
 _MODES = {"sequential": "ORT_SEQUENTIAL", "parallel": "ORT_PARALLEL"}
 
@@ -101,8 +103,8 @@ class OnnxRuntimeCpu(Backend):
             import onnxruntime
         except ImportError as exc:
             return (
-                f"onnxruntime is not installed ({exc}); pip install 'infertune[cpu]' "
-                f"(or 'infertune[gpu]' on a GPU machine)"
+                f"onnxruntime is not installed ({exc}); {install_hint('cpu')}, or on a GPU "
+                f"machine {install_hint('gpu')}"
             )
         if self.provider not in onnxruntime.get_available_providers():
             return f"ONNX Runtime here has no {self.provider}"
@@ -113,6 +115,13 @@ class OnnxRuntimeCpu(Backend):
 
     def convert(self, target: Target) -> None:
         exported = export_onnx(target)
+        width = exported.parallel_width  # None for an export read back from a saved result
+        if self.settings.execution_mode == "parallel" and width is not None and width < 2:
+            raise NotApplicable(
+                f"the model has no parallel branches (at most {width} matrix operation at any "
+                f"depth of its ONNX graph): ORT_PARALLEL would only hand each node to another "
+                f"thread ({PARALLEL_OVERHEAD_WORDS})"
+            )
         self._saved = (self.model_bytes(target), exported)  # what save_artifact writes
 
     def prepare(self, target: Target) -> None:

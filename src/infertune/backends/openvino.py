@@ -9,13 +9,13 @@ candidate pins the inference precision to f32 and bf16 is a reduced-precision ca
 from __future__ import annotations
 
 import importlib.util
-import threading
 from functools import cache
 from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
 
+from ..environment import install_hint
 from ..errors import one_line
 from ..export.onnx import export_onnx, read_onnx, write_onnx
 from ..inputs import InputSignature
@@ -25,7 +25,7 @@ from .triton_plan import TritonPlan, copy_file, model_names, onnx_tensors
 
 __all__ = ["OpenVinoCpu", "OpenVinoCpuBf16"]
 
-_INSTALL = "pip install 'infertune[openvino]'"
+_INSTALL = install_hint("openvino")
 _HINTS = ("LATENCY", "THROUGHPUT")
 
 
@@ -38,7 +38,7 @@ def _core() -> Any:
 
 
 class OpenVinoCpu(Backend):
-    """The model compiled for OpenVINO's CPU device in f32, with one reusable infer request.
+    """The model compiled for OpenVINO's CPU device in f32, with a pool of infer requests.
 
     The batch dimension stays dynamic (as in the ONNX export), so any batch size runs without
     recompiling. `performance_hint` is OpenVINO's PERFORMANCE_HINT; None follows optimize()'s
@@ -56,15 +56,16 @@ class OpenVinoCpu(Backend):
     triton_serves = True
     inference_precision: ClassVar[str] = "f32"  # an openvino.Type name
 
-    def __init__(self, performance_hint: str | None = None):
+    def __init__(self, performance_hint: str | None = None, callers_only: bool = False):
         if performance_hint is not None and performance_hint not in _HINTS:
             raise ValueError(
                 f"performance_hint must be one of {_HINTS} or None. Received: {performance_hint!r}."
             )
         self.performance_hint = performance_hint
+        self.callers_only = callers_only
         suffix = "" if performance_hint is None else f":{performance_hint.lower()}"
         self.name = type(self).name + suffix
-        self._request: Any = None
+        self._idle: list | None = None
 
     def available(self) -> str | None:
         # find_spec instead of an import: `import openvino` costs 50-250 ms, this 0.1 ms.
@@ -111,8 +112,10 @@ class OpenVinoCpu(Backend):
         # run() returns the model's own dtypes; astype also copies out of OpenVINO's buffers.
         self._dtypes = list(target.output_dtypes)
         self._compiled = compiled
-        self._request = compiled.create_infer_request()
-        self._lock = threading.Lock()  # the one request serves one call at a time
+        # An infer request runs one call at a time: a call takes an idle one and puts it
+        # back, and a call that finds none idle (the others busy in other threads) makes
+        # one more, which stays. A list's pop and append are atomic: no lock is taken.
+        self._idle = [compiled.create_infer_request()]
         self._tensor = openvino.Tensor
 
     def _hint(self, target: Target) -> str:
@@ -121,8 +124,14 @@ class OpenVinoCpu(Backend):
         return "THROUGHPUT" if target.objective == "throughput" else "LATENCY"
 
     def run(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
-        request, tensor = self._request, self._tensor
-        with self._lock:
+        idle, tensor = self._idle, self._tensor
+        try:
+            request = idle.pop()
+        except IndexError:  # every request is busy in another thread
+            request = self._compiled.create_infer_request()
+        except AttributeError:  # close() set it to None
+            raise RuntimeError("this OpenVINO backend is closed") from None
+        try:
             for port, array in zip(self._inputs, inputs):
                 if not array.flags.c_contiguous:  # shared memory needs C order
                     array = np.ascontiguousarray(array)
@@ -133,9 +142,16 @@ class OpenVinoCpu(Backend):
                 request.get_tensor(port).data.astype(dtype)
                 for port, dtype in zip(self._outputs, self._dtypes)
             ]
+        finally:
+            idle.append(request)
+
+    def trim(self) -> None:
+        idle = self._idle
+        if idle:
+            del idle[1:]
 
     def close(self) -> None:
-        self._request = None
+        self._idle = None
         self._compiled = None
         self._inputs = self._outputs = []  # ports keep their compiled model alive
         self._exported = None

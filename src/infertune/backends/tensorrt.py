@@ -41,6 +41,7 @@ import numpy as np
 
 from ..export.onnx import export_onnx, read_onnx, write_onnx
 from ..gpu import (
+    TENSORRT_EXTRA,
     Profile,
     cuda_runtime_module,
     default_batch_sizes,
@@ -108,7 +109,7 @@ def float16_onnx(model_bytes: bytes) -> bytes:
 def _cudart():
     module = cuda_runtime_module()
     if module is None:
-        raise RuntimeError("cuda-python is not installed (pip install 'infertune[tensorrt]')")
+        raise RuntimeError(f"cuda-python is not installed ({TENSORRT_EXTRA})")
     return importlib.import_module(module)
 
 

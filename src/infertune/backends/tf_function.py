@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -21,6 +22,7 @@ __all__ = [
     "load_flat_savedmodel",
     "save_flat_savedmodel",
     "savedmodel_triton_plan",
+    "tensorflow_missing",
 ]
 
 SAVEDMODEL_DIR = "model.savedmodel"  # Triton's name for a SavedModel in a model version
@@ -34,6 +36,9 @@ class TfFunction(Backend):
     jit_compile = False
     runtime_packages = ("tensorflow",)
     triton_serves = True
+
+    def available(self) -> str | None:
+        return tensorflow_missing()
 
     def prepare(self, target: Target) -> None:
         import tensorflow as tf
@@ -84,6 +89,14 @@ class TfFunction(Backend):
             plan.graph_level = 1
             plan.carried.append("XLA (jit_compile in the saved function; graph level 1)")
         return plan
+
+
+def tensorflow_missing() -> str | None:
+    """Why a candidate that runs in TensorFlow cannot run here (a deploy environment that
+    loads ONNX Runtime or LiteRT results without TensorFlow), or None."""
+    if importlib.util.find_spec("tensorflow") is None:
+        return "tensorflow is not installed (pip install tensorflow)"
+    return None
 
 
 def savedmodel_triton_plan(

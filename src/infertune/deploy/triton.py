@@ -34,6 +34,7 @@ from pathlib import Path
 from ..backends import backend_class
 from ..backends.base import Backend
 from ..backends.triton_plan import TritonPlan, TritonTensor
+from ..environment import install_hint
 from ..errors import ExportError, OptionError
 from ..paths import user_path
 from ..result.saved import MANIFEST, Saved, open_saved
@@ -249,10 +250,12 @@ def _python_plan(result: Saved) -> TritonPlan:
         f"{PYTHON_RESULT_DIR}/, run by infertune)",
         "instance_group KIND_CPU",
     ]
-    extra = f'"infertune[{general["requires"]}]"' if general.get("requires") else "infertune"
+    extra = (
+        f" and its runtime ({install_hint(general['requires'])})" if general.get("requires") else ""
+    )
     plan.notes.append(
-        f"Triton's Python backend runs model.py in its own Python: install {extra} there "
-        f"(pip install, or a packed environment named by EXECUTION_ENV_PATH in config.pbtxt)"
+        f"Triton's Python backend runs model.py in its own Python: install infertune{extra} "
+        f"there (or a packed environment named by EXECUTION_ENV_PATH in config.pbtxt)"
     )
     return plan
 

@@ -35,6 +35,10 @@ class OnnxExport:
     output_names: list[str]
     seconds: float
     opset: int
+    # The most matrix operations (Conv, MatMul, ...) no one of which depends on another: 1
+    # for a chain of layers, 2 or more for parallel branches (Inception blocks, attention's
+    # query/key/value). None where not known (an export read back from a saved file).
+    parallel_width: int | None = None
 
 
 def export_onnx(target: Target) -> OnnxExport:
@@ -94,7 +98,33 @@ def _convert(target: Target) -> OnnxExport:
         output_names=output_names,
         seconds=time.perf_counter() - start,
         opset=OPSET,
+        parallel_width=parallel_width(model_proto.graph),
     )
+
+
+# Operators that carry a model's arithmetic: where two of them are independent, ONNX
+# Runtime's parallel execution mode can run them at once.
+_MATRIX_OPS = frozenset(
+    {"Conv", "ConvTranspose", "ConvInteger", "QLinearConv", "MatMul", "MatMulInteger",
+     "QLinearMatMul", "Gemm", "Einsum", "LSTM", "GRU", "RNN", "Attention"}
+)  # fmt: skip
+
+
+def parallel_width(graph: Any) -> int:
+    """The largest number of matrix operations at one depth of the graph (depth: the longest
+    path from the inputs), so that none of them depends on another; 0 for a graph with none."""
+    producer = {}
+    for index, node in enumerate(graph.node):
+        for name in node.output:
+            producer[name] = index
+    depth = [0] * len(graph.node)
+    for index, node in enumerate(graph.node):  # ONNX graphs are topologically sorted
+        depth[index] = 1 + max((depth[producer[n]] for n in node.input if n in producer), default=0)
+    counts: dict[int, int] = {}
+    for index, node in enumerate(graph.node):
+        if node.op_type in _MATRIX_OPS:
+            counts[depth[index]] = counts.get(depth[index], 0) + 1
+    return max(counts.values(), default=0)
 
 
 def _to_onnx(concrete: Any, specs: list) -> Any:

@@ -4,6 +4,7 @@ size and at each other tuned batch size (measure.py is the engine)."""
 from __future__ import annotations
 
 import contextlib
+import time
 
 import numpy as np
 
@@ -16,7 +17,7 @@ from ..progress import Progress
 from ..report import CandidateResult
 from .preparing import Budget
 
-__all__ = ["close_quietly", "measure", "measure_batches"]
+__all__ = ["close_quietly", "concurrency_note", "measure", "measure_batches"]
 
 
 def measure_batches(
@@ -64,6 +65,7 @@ def measure_batches(
             progress,
             where,
             estimates,
+            options.concurrency,
         )
         for name, reason in errors.items():
             by_name[name].status, by_name[name].reason = "failed", f"{reason}{where}"
@@ -73,7 +75,7 @@ def measure_batches(
     for name, stats in measured[signature.sample_batch].items():
         if name in contenders:
             by_name[name].latency = stats
-            by_name[name].throughput = batch / (stats.mean / 1e3)
+            by_name[name].throughput = stats.samples_per_s(batch)
     return {
         size: {name: s for name, s in stats.items() if name in contenders}
         for size, stats in measured.items()
@@ -87,10 +89,12 @@ def measure(
     progress: Progress,
     where: str = "",
     known: dict[str, float] | None = None,
+    callers: int = 1,
 ) -> tuple[dict[str, LatencyStats], dict[str, str]]:
-    """Warm up, then time all contenders on `inputs` in interleaved rounds. Returns their
-    statistics and, for those that raised, the reason. A contender whose seconds per call on
-    inputs like these are `known` (from its verification calls) needs no warm-up."""
+    """Warm up, then time all contenders on `inputs` in interleaved rounds, each block run by
+    `callers` threads at once. Returns their statistics and, for those that raised, the
+    reason. A contender whose seconds per call on inputs like these are `known` (from its
+    verification calls) needs no warm-up."""
     runners = {name: (lambda b=backend: b.run(inputs)) for name, backend in contenders.items()}
     estimates, errors = {}, {}
     known = known or {}
@@ -104,8 +108,10 @@ def measure(
             except Exception as exc:
                 errors[name] = f"warm-up: {one_line(exc)}"
                 del runners[name]
+    under = f" under {callers} concurrent callers" if callers > 1 else ""
     progress.say(
-        f"measuring {len(runners)} candidates{where} in interleaved rounds (up to {budget_s:.1f} s)"
+        f"measuring {len(runners)} candidates{where}{under} in interleaved rounds (up to "
+        f"{budget_s:.1f} s)"
     )
     with progress.timed("measurement"):
         measured = measure_interleaved(
@@ -116,6 +122,7 @@ def measure(
             on_round=lambda n, t: progress.stage(
                 f"measuring{where}: round {n}, {t:.1f} of {budget_s:.1f} s", log=False
             ),
+            callers=callers,
         )
     errors.update({name: f"measurement: {reason}" for name, reason in measured.errors.items()})
     return measured.stats, errors
@@ -125,3 +132,67 @@ def close_quietly(backend: Backend) -> None:
     """Close a candidate that is out; a custom close() that raises must not end optimize()."""
     with contextlib.suppress(Exception):  # what it held goes when it is collected
         backend.close()
+
+
+# The callers the one-line check measures at, where optimize() was asked for one caller, and
+# the loss it reports: more than this share of samples/s behind another candidate there.
+CHECKED_CALLERS = (2, 4)
+LOSS_WORTH_SAYING = 0.10
+# It is cheap only for calls this short: a few rounds of a few candidates stay under a second.
+_CHECK_MAX_CALL_S = 0.02
+_CHECK_CANDIDATES = 4  # the choice and the three fastest others
+
+
+def concurrency_note(
+    chosen: str,
+    results: list[CandidateResult],
+    contenders: dict[str, Backend],
+    inputs: list[np.ndarray],
+    batch: int,
+    options: Options,
+    progress: Progress,
+) -> str | None:
+    """With one caller asked for: how much the choice would lose under 2 and 4 callers
+    where another candidate does better there by more than LOSS_WORTH_SAYING, in one line
+    (None where it would not, or where the check is not cheap: calls over 20 ms, or a time
+    budget). The choice and the fastest few others are measured again under each load."""
+    if options.concurrency != 1 or options.time_budget_s is not None:
+        return None
+    measured = sorted(
+        (r for r in results if r.status in ("ok", "selected") and r.latency is not None),
+        key=lambda r: r.latency.p50,
+    )
+    if chosen not in contenders or len(measured) < 2:
+        return None
+    if next(r for r in measured if r.name == chosen).latency.p50 / 1e3 > _CHECK_MAX_CALL_S:
+        return None
+    others = [r.name for r in measured if r.name != chosen and r.name in contenders]
+    names = [chosen, *others[: _CHECK_CANDIDATES - 1]]
+    runners = {name: (lambda b=contenders[name]: b.run(inputs)) for name in names}
+    budget_s = min(0.5, options.measure_budget() / 4)
+    start = time.perf_counter()
+    losses = []
+    with progress.timed("concurrency check", text="measuring the choice under 2 and 4 callers"):
+        for callers in CHECKED_CALLERS:
+            stats = measure_interleaved(
+                runners, budget_s=budget_s, min_rounds=3, callers=callers,
+                cooldown_s={name: contenders[name].cooldown_s for name in names},
+            ).stats  # fmt: skip
+            if chosen not in stats:
+                continue
+            rate = {name: s.samples_per_s(batch) for name, s in stats.items()}
+            best = max(rate, key=rate.get)
+            if best != chosen and rate[best] > rate[chosen] * (1 + LOSS_WORTH_SAYING):
+                losses.append(
+                    f"{callers} callers: {best} {rate[best]:,.0f} samples/s against "
+                    f"{rate[chosen]:,.0f} (the choice loses {1 - rate[chosen] / rate[best]:.0%})"
+                )
+    for name in names:  # the pools several callers grew stay one call's size
+        contenders[name].trim()
+    if not losses:
+        return None
+    return (
+        f"under concurrent callers another candidate serves more: {'; '.join(losses)}; "
+        f"optimize(..., concurrency=N) chooses for N callers (this check measured "
+        f"{len(names)} candidates in {time.perf_counter() - start:.1f} s)"
+    )

@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from ..backends import Backend
+from ..backends.base import NotApplicable
 from ..errors import one_line
 from ..machine import MachineRecord
 from ..options import Options
@@ -287,6 +288,12 @@ def _admitted(state: _Candidate, options: Options) -> bool:
     reason = backend.available()
     if reason is not None:
         result.status, result.reason = "unavailable", reason
+        return False
+    if backend.callers_only and options.concurrency == 1:
+        result.status = "skipped"
+        result.reason = (
+            "a variant for several callers at once: tried with optimize(concurrency=N), N > 1"
+        )
         return False
     if backend.precision not in options.precisions:
         result.status = "skipped"
@@ -599,6 +606,9 @@ def _guarded(state: _Candidate, run: _Run, fn: Callable[[], None]) -> bool:
     except _Mismatch as exc:
         result.status, result.reason = "mismatch", str(exc)
         progress.say(f"{name}: rejected, {result.reason}")
+    except NotApplicable as exc:
+        result.status, result.reason = "skipped", f"not applicable: {exc}"
+        progress.say(f"{name}: skipped, {result.reason}")
     except _BudgetOver as exc:
         result.status = "skipped"
         result.reason = f"time_budget_s={run.budget.time_budget_s:g} ran out {exc}"

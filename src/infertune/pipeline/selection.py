@@ -90,7 +90,7 @@ def choose_per_batch(
             if r.name in stats
         ]
         for r in at_size:
-            r.throughput = size / (r.latency.mean / 1e3)
+            r.throughput = r.latency.samples_per_s(size)
         picked, picked_why = select(at_size, options.objective, options.latency_budget_ms)
         reasons = {r.name: r.reason for r in at_size if r is not picked}
         choices.append(BatchResult(size, picked.name, picked_why, stats, reasons))

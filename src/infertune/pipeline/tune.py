@@ -29,7 +29,7 @@ from ..target import Target
 from ..verify import ELEMENT_RULE
 from .diagnosis import diagnose
 from .isolation import Isolation
-from .measuring import close_quietly, measure_batches
+from .measuring import close_quietly, concurrency_note, measure_batches
 from .planning import Probe, after_candidates_s, learn_from_run
 from .preparing import Budget, prepare_all, shared_stage
 from .reference import (
@@ -78,7 +78,7 @@ def tune(model: Model, options: Options, progress: Progress) -> tuple[Choice, Re
     with progress.timed("reference", text="computing reference outputs"):
         reference, structure, first_call_s = reference_outputs(source, signature, sample)
     dtypes = [ref.dtype for ref in reference]
-    target = Target(source, signature, structure, dtypes, options.objective)
+    target = Target(source, signature, structure, dtypes, options.objective, options.concurrency)
     with progress.timed("verification inputs"):
         checks, call_s = verification_inputs(
             source, signature, sample, reference, progress, batch_sizes
@@ -126,6 +126,10 @@ def tune(model: Model, options: Options, progress: Progress) -> tuple[Choice, Re
     )  # fmt: skip
     selection = choose(results, contenders, by_batch, options, signature, outputs, batch_sizes)
     choice = selection.choice
+    under_load = concurrency_note(
+        choice.general.name, results, contenders, sample, signature.sample_batch or 1, options,
+        progress,
+    )  # fmt: skip
     kept = {id(backend) for backend in choice.backends}
     for backend in contenders.values():
         if id(backend) not in kept:
@@ -147,6 +151,7 @@ def tune(model: Model, options: Options, progress: Progress) -> tuple[Choice, Re
         + _plan_notes(options, tried, results)
         + _gpu_notes(model.gpu_growth)
         + isolation.notes
+        + _concurrency_notes(options, under_load)
     )
     report = _report(model, options, results, environment, selection, notes, diagnosis, times)
     progress.say(f"selected {serving}: {report.selection_reason}")
@@ -231,6 +236,17 @@ def _plan_notes(options: Options, tried: list[str], results: list[CandidateResul
     if skipped:
         note += f"; skipped for the budget: {', '.join(skipped)} (each says why)"
     return [note]
+
+
+def _concurrency_notes(options: Options, under_load: str | None) -> list[str]:
+    """How the candidates were measured where several callers were asked for; with one, what
+    the choice would lose under several, where that is worth saying."""
+    if options.concurrency > 1:
+        return [
+            f"measured under {options.concurrency} concurrent callers (concurrency="
+            f"{options.concurrency}): latency is per call under that load, samples/s in total"
+        ]
+    return [under_load] if under_load else []
 
 
 def _gpu_notes(growth: dict) -> list[str]:

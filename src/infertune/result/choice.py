@@ -83,7 +83,7 @@ class Choice:
         """{"general": name, "by_batch": {"N": name} or None, "exact_shape": {"backend":
         name, "shapes": [...]} or None}: what the manifest and the cache write."""
         by_batch = None
-        if self.by_batch is not None and len(self.general_backends) > 1:
+        if self.by_batch is not None:
             by_batch = {str(size): name for size, name in self.backends_by_batch.items()}
         exact = None
         if self.exact_shape is not None:

@@ -38,7 +38,7 @@ import numpy as np
 from .._version import __version__
 from ..backends import backend_class
 from ..backends.base import Backend
-from ..environment import collect_environment, differences, fingerprint
+from ..environment import collect_environment, differences, fingerprint, install_hint
 from ..errors import ArtifactError, EnvironmentMismatchError, ExportError, one_line
 from ..inputs import InputSignature
 from ..outputs import OutputSignature, TensorSpec
@@ -160,7 +160,8 @@ def _entry(backend: Backend, root: Path, sub: str | None) -> dict:
     except NotImplementedError as exc:
         raise ExportError(
             f"{exc}. Choose a candidate that can be saved (onnxruntime-cpu*, openvino-cpu*, "
-            f"litert*, tf-function, tf-xla, keras-eager) with backends=[...]."
+            f"litert*, tf-function, tf-xla, keras-eager): backends=[...] in Python, --backends "
+            f"on the command line."
         ) from None
     except Exception as exc:
         raise ExportError(f"Saving the {backend.name} candidate failed: {one_line(exc)}") from exc
@@ -274,7 +275,7 @@ class Saved:
             if reason is None:
                 continue
             extra = entry.get("requires")
-            fix = f'pip install "infertune[{extra}]"' if extra else "install its runtime"
+            fix = install_hint(extra) if extra else "install its runtime"
             return (
                 f"The saved result uses the {entry['name']} candidate, which cannot run here: "
                 f"{reason}. Install what it needs ({fix}), or pass model=, sample_input= and "
@@ -329,7 +330,7 @@ def read_manifest(path: str | os.PathLike) -> dict:
         raise ArtifactError(
             f"'{path}' was saved in format version {version} by infertune "
             f"{manifest.get('infertune_version')}; this infertune ({__version__}) reads format "
-            f"versions up to {FORMAT_VERSION}. Upgrade it: pip install -U infertune."
+            f"versions up to {FORMAT_VERSION}. Install a newer infertune."
         )
     if version == 1:
         manifest = _migrated(manifest, path)

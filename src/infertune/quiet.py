@@ -1,0 +1,71 @@
+"""What keeps TensorFlow's start-up log lines and the runtimes' banners from a user who did
+not ask for them: on a CPU machine TensorFlow prints oneDNN and CUDA notices (twice) and an
+error-level "failed call to cuInit", and LiteRT "INFO: Created TensorFlow Lite XNNPACK
+delegate for CPU.", none of which says anything about the user's model.
+
+A user who sets TF_CPP_MIN_LOG_LEVEL (any value) gets TensorFlow's logging as they set it:
+`TF_CPP_MIN_LOG_LEVEL=0` shows everything again (docs/faq.md).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import os
+import re
+import sys
+import tempfile
+from collections.abc import Iterator
+
+__all__ = ["import_tensorflow", "quiet_tensorflow_logs", "stderr_without"]
+
+# TensorFlow's lines before absl's logging is initialized (TF_CPP_MIN_LOG_LEVEL does not reach
+# them): absl's notice, oneDNN's, the CUDA stub's, the CPU feature guard's.
+_TF_START = re.compile(
+    rb"^(WARNING: All log messages before absl::InitializeLog\(\) is called are written to "
+    rb"STDERR|[IW]\d{4} [\d:. ]+ +\d+ (port|cudart_stub|cpu_feature_guard)\.cc:\d+\] .*|To "
+    rb"enable the following instructions: .*)\n",
+    re.MULTILINE,
+)
+_quieted = False  # whether quiet_tensorflow_logs() set TF_CPP_MIN_LOG_LEVEL (not the user)
+
+
+def quiet_tensorflow_logs() -> None:
+    """TF_CPP_MIN_LOG_LEVEL=3 (TensorFlow's C++ logging: its errors too; its Python
+    exceptions still say what went wrong) unless the user set it, and only before TensorFlow
+    is imported: TensorFlow reads it once."""
+    global _quieted
+    if "tensorflow" not in sys.modules and "TF_CPP_MIN_LOG_LEVEL" not in os.environ:
+        os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
+        _quieted = True
+
+
+def import_tensorflow():
+    """`import tensorflow`, without its start-up lines where infertune made it quiet."""
+    if "tensorflow" in sys.modules or not _quieted:
+        return importlib.import_module("tensorflow")
+    with stderr_without(_TF_START):
+        return importlib.import_module("tensorflow")
+
+
+@contextlib.contextmanager
+def stderr_without(unwanted: re.Pattern[bytes]) -> Iterator[None]:
+    """Capture what native code and Python write to file descriptor 2 meanwhile, and write it
+    back afterwards without the lines `unwanted` matches (what no setting turns off):
+    nothing else is lost, only written a moment later."""
+    with contextlib.suppress(Exception):
+        sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as capture:
+        os.dup2(capture.fileno(), 2)
+        try:
+            yield
+        finally:
+            with contextlib.suppress(Exception):
+                sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            capture.seek(0)
+            data = unwanted.sub(b"", capture.read())
+            if data:
+                os.write(2, data)
