@@ -160,3 +160,22 @@ def test_a_free_size_input_still_has_its_fixed_dimensions_and_dtype_checked(free
         opt(np.zeros((8, 8, 3), "float32"))
     x64 = np.random.default_rng(2).random((1, 9, 9, 3))  # float64: cast, as for fixed sizes
     np.testing.assert_array_equal(opt(x64), opt(x64.astype("float32")))
+
+
+def test_a_flat_dict_of_right_arrays_is_passed_on_as_it_is(rng):
+    """The fast check of a flat dict hands the runtime the caller's own arrays (no copy, in
+    the model's order); anything it does not take goes through the full check, which casts
+    (int64 ids to the model's int32) or says what is wrong."""
+    signature, _ = build_signature(dict_sample(rng), None, np.float32)
+    x = dict_sample(rng, batch=3)
+    flat = signature.flatten(x)
+    assert [a is x[k] for a, k in zip(flat, ("features", "tokens"))] == [True, True]
+    wide = {**x, "tokens": x["tokens"].astype(np.int64)}
+    cast = signature.flatten(wide)
+    assert cast[1].dtype == np.int32 and np.array_equal(cast[1], x["tokens"])
+    with pytest.raises(infertune.InputError, match="same batch size"):
+        signature.flatten({**x, "tokens": x["tokens"][:2]})
+    with pytest.raises(infertune.InputError, match="structure"):
+        signature.flatten({**x, "extra": x["tokens"]})
+    with pytest.raises(infertune.InputError, match="dimension 1 must be 4"):
+        signature.flatten({**x, "features": np.zeros((3, 5), np.float32)})

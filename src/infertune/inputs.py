@@ -94,6 +94,17 @@ class InputSignature:
             and None not in first.shape[1:]
             else None
         )
+        # A flat dict of arrays (the form services pass): (key, dtype, rank, fixed dims) per
+        # input in the model's order, checked in one loop without rebuilding the structure.
+        flat_dict = structure.kind == "dict" and structure.is_flat
+        self._dict_plan = (
+            tuple(
+                (key, spec.dtype, len(spec.shape), fixed)
+                for key, spec, fixed in zip(structure.keys, self.specs, self._fixed)
+            )
+            if flat_dict
+            else None
+        )
         # One input with a free batch and other free dimensions too (an image of any size,
         # a sequence of any length): (dtype, rank, its fixed (axis, size) pairs).
         self.free_check = (
@@ -141,6 +152,10 @@ class InputSignature:
                     f"Expected: {self.describe()}."
                 )
             return [self._check(0, x)]
+        if type(x) is dict and self._dict_plan is not None:
+            arrays = self._dict_fast(x)
+            if arrays is not None:
+                return arrays
         if isinstance(x, dict) != (self.structure.kind == "dict") or not isinstance(
             x, list | tuple | dict
         ):
@@ -163,6 +178,29 @@ class InputSignature:
                     f"All inputs must have the same batch size: '{self.specs[0].name}' has "
                     f"{batch}, '{spec.name}' has {array.shape[0]}."
                 )
+        return arrays
+
+    def _dict_fast(self, x: dict) -> list[np.ndarray] | None:
+        """The arrays of a flat dict whose every value is a numpy array of the right dtype,
+        rank, fixed dimensions and one batch size, with exactly the model's keys; None for
+        anything else (the full check then says what is wrong, or casts)."""
+        if len(x) != len(self._dict_plan):
+            return None
+        arrays = []
+        ndarray = np.ndarray
+        for key, dtype, rank, fixed in self._dict_plan:
+            array = x.get(key)
+            if type(array) is not ndarray or array.dtype is not dtype or array.ndim != rank:
+                return None
+            shape = array.shape
+            for axis, size in fixed:
+                if shape[axis] != size:
+                    return None
+            arrays.append(array)
+        batch = arrays[0].shape[0] if arrays[0].ndim else None
+        for array in arrays:
+            if array.ndim and array.shape[0] != batch:
+                return None
         return arrays
 
     def fits_fast(self, x: Any) -> bool:
