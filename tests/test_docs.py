@@ -1,0 +1,331 @@
+"""The documentation's code runs: every Python and bash code block of README.md and docs/*.md.
+
+Sybil (https://sybil.readthedocs.io) reads the Markdown: fenced ```python and ```bash blocks,
+hidden set-up blocks (`<!-- invisible-code-block: python ... -->`: the tiny model and sample a
+snippet assumes, or a check of what it promised) and skips with their reason
+(`<!-- skip: next "why" -->`: commands that install from the package registry, benchmarks
+that run for minutes, GPU-only ones). Python blocks run in one namespace per document, in
+order, as a reader runs them; bash blocks run in `bash -e -o pipefail` with this Python's
+environment first on PATH, so `infertune` and `python` are the ones under test.
+
+Each test is one visible snippet, with the hidden blocks and skips just before it. Every
+document runs in a temporary directory of its own, which is also HOME (so `~/...` paths land
+there) and is removed at the end. A snippet selected alone (`-k`) first runs the snippets
+before it in its document, which it may depend on.
+
+Blocks of another language would not run, so any other fence fails
+`test_every_code_block_is_run_or_plain_text`: a command is ```bash, output a plain ```.
+What the skipped blocks name is still checked where it can be without the network or
+minutes: the extras of `pip install` commands exist, no command installs infertune from a
+package index, each benchmark command's script and options exist; and every relative link
+of the docs resolves.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import secrets
+import shlex
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import unittest
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+from sybil import Document, Example, Sybil
+from sybil.parsers.markdown import CodeBlockParser, PythonCodeBlockParser, SkipParser
+from sybil.parsers.markdown.lexers import FencedCodeBlockLexer
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+# Ray reads its authentication settings when it is imported, and keeps its token in ~/.ray,
+# which is each document's own HOME here: the token goes in the environment instead, before
+# any snippet imports Ray, as tests/test_ray.py does (whose values win where it sets them).
+_RAY_AUTH = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(16)}
+_RAY_AUTH_SET = {key: value for key, value in _RAY_AUTH.items() if key not in os.environ}
+os.environ.update(_RAY_AUTH_SET)
+# A bash block runs the CLI on tiny models: a minute is plenty; ten mean it hangs.
+BASH_TIMEOUT_S = 600
+
+
+def _run_bash(example: Example) -> str | None:
+    """Run a ```bash block as a script; its output is the failure message if it fails."""
+    env = dict(os.environ)
+    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
+    result = subprocess.run(
+        ["bash", "-e", "-o", "pipefail", "-c", str(example.parsed)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=BASH_TIMEOUT_S,
+    )
+    if result.returncode == 0:
+        return None
+    return (
+        f"exit status {result.returncode}\n--- stdout (end) ---\n{result.stdout[-4000:]}"
+        f"\n--- stderr (end) ---\n{result.stderr[-4000:]}"
+    )
+
+
+SYBIL = Sybil(
+    parsers=[
+        PythonCodeBlockParser(),
+        CodeBlockParser(language="bash", evaluator=_run_bash),
+        SkipParser(),
+    ]
+)
+
+
+class DocsHelpers:
+    """What the hidden blocks may call as `_docs`: machinery a reader's machine has already
+    (a free port, a local Ray), kept out of the visible snippets."""
+
+    def __init__(self):
+        self._ray_dir: str | None = None
+
+    @staticmethod
+    def free_port() -> int:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return s.getsockname()[1]
+
+    @staticmethod
+    def port_in_use(port: int) -> bool:
+        with socket.socket() as s:
+            return s.connect_ex(("127.0.0.1", port)) == 0
+
+    def start_ray(self, num_cpus: int) -> None:
+        """A local Ray bound to 127.0.0.1, its files in a short temporary directory (unix
+        socket paths must stay under 108 bytes)."""
+        import logging
+
+        import ray
+
+        self._ray_dir = tempfile.mkdtemp(prefix="ray-", dir="/tmp")
+        ray.init(num_cpus=num_cpus, _temp_dir=self._ray_dir, include_dashboard=False,
+                 _node_ip_address="127.0.0.1", logging_level=logging.WARNING)  # fmt: skip
+
+    def stop_ray(self) -> None:
+        if self._ray_dir is None:
+            return
+        import ray
+        from ray import serve
+
+        if ray.is_initialized():
+            serve.shutdown()
+            ray.shutdown()
+        shutil.rmtree(self._ray_dir, ignore_errors=True)
+        self._ray_dir = None
+
+
+@dataclass
+class Snippet:
+    """One visible block and the hidden blocks and skips just before it (or, for the last
+    snippet of a document, the hidden blocks after it too)."""
+
+    document: DocumentRun
+    index: int
+    shown: Example
+    examples: list[Example]
+
+    def evaluate(self) -> None:
+        for example in self.examples:
+            example.evaluate()
+
+
+@dataclass
+class DocumentRun:
+    """A document's snippets, its workspace, and how far its run has got."""
+
+    path: Path
+    document: Document
+    snippets: list[Snippet] = field(default_factory=list)
+    workspace: Path | None = None
+    helpers: DocsHelpers | None = None
+    next: int = 0
+
+    def open(self) -> Path:
+        if self.workspace is None:
+            self.workspace = Path(tempfile.mkdtemp(prefix=f"docs-{self.path.stem}-"))
+            self.helpers = DocsHelpers()
+            self.document.namespace["_docs"] = self.helpers
+        return self.workspace
+
+    def close(self) -> None:
+        if self.workspace is None:
+            return
+        try:
+            self.helpers.stop_ray()
+        finally:
+            self.document.namespace.clear()  # the models and results it held
+            shutil.rmtree(self.workspace, ignore_errors=True)
+            self.workspace = None
+
+
+def _parse(path: Path) -> DocumentRun:
+    run = DocumentRun(path, SYBIL.parse(path))
+    pending: list[Example] = []
+    for example in run.document.examples():
+        pending.append(example)
+        lexemes = example.region.lexemes or {}
+        shown = "source" in lexemes and "directive" not in lexemes
+        if shown:
+            run.snippets.append(Snippet(run, len(run.snippets), example, pending))
+            pending = []
+    if pending and run.snippets:  # hidden checks after the last snippet belong to it
+        run.snippets[-1].examples.extend(pending)
+    return run
+
+
+RUNS = [_parse(path) for path in DOCUMENTS]
+SNIPPETS = [
+    pytest.param(snippet, id=f"{run.path.relative_to(ROOT)}:{snippet.shown.line}")
+    for run in RUNS
+    for snippet in run.snippets
+]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _close_documents():
+    yield
+    for run in RUNS:
+        run.close()
+    for key, value in _RAY_AUTH_SET.items():
+        if os.environ.get(key) == value:
+            del os.environ[key]
+
+
+@pytest.mark.parametrize("snippet", SNIPPETS)
+def test_snippet(snippet: Snippet, monkeypatch):
+    run = snippet.document
+    workspace = run.open()
+    monkeypatch.chdir(workspace)
+    monkeypatch.setenv("HOME", str(workspace))
+    # Run alone: the snippets before it first, as a reader would have.
+    while run.next < snippet.index:
+        earlier = run.snippets[run.next]
+        run.next += 1
+        with contextlib.suppress(unittest.SkipTest):
+            earlier.evaluate()
+    run.next = snippet.index + 1
+    try:
+        snippet.evaluate()
+    except unittest.SkipTest as skip:
+        pytest.skip(str(skip))
+
+
+def test_every_code_block_is_run_or_plain_text():
+    """A ```sh or ```console block would be left out silently: commands are ```bash, Python
+    is ```python, output and layouts are plain ```."""
+    lexer = FencedCodeBlockLexer(language=r"[^\n]*")
+    found = []
+    for path in DOCUMENTS:
+        document = Document(path.read_text(encoding="utf-8"), str(path))
+        for region in lexer(document):
+            language = region.lexemes["language"].strip()
+            if language not in ("python", "bash", ""):
+                found.append(f"{path.relative_to(ROOT)}, {document.line_column(region.start)}: "
+                             f"```{language}")  # fmt: skip
+    assert not found, "code blocks that no test runs:\n" + "\n".join(found)
+
+
+def test_snippets_were_found_in_every_document_that_has_code():
+    """Sybil found the blocks: a change of its Markdown syntax must not pass as 'no snippets'."""
+    counts = {run.path.name: len(run.snippets) for run in RUNS}
+    for name in ("README.md", "getting-started.md", "api.md", "deploy.md"):
+        assert counts[name] >= 3, counts
+
+
+def _pip_install_arguments(text: str) -> list[str]:
+    """The arguments of every `pip install` command in `text`, quotes removed."""
+    found = []
+    for command in re.findall(r"pip install ([^\n`#&|]*)", text):
+        found += shlex.split(command)
+    return found
+
+
+def test_every_extra_the_docs_install_exists():
+    """The install commands are checked by hand in a fresh venv (they need the registry);
+    what can be checked here: every extra they name is one pyproject.toml defines."""
+    tomllib = pytest.importorskip("tomllib", reason="Python 3.11's tomllib reads pyproject.toml")
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    extras = set(pyproject["project"]["optional-dependencies"])
+    named = set()
+    for path in DOCUMENTS:
+        for argument in _pip_install_arguments(path.read_text(encoding="utf-8")):
+            match = re.fullmatch(r"(?:\.|[\w./-]*infertune[\w.-]*)\[([\w,-]+)\]", argument)
+            if match:
+                named.update(match.group(1).split(","))
+    assert named, "no pip install command with an extra was found"
+    assert named <= extras, f"extras the docs name that pyproject.toml lacks: {named - extras}"
+
+
+def test_no_doc_installs_infertune_from_a_package_index():
+    """infertune is not on a package index: `pip install infertune` or "infertune[cpu]" fails;
+    the docs install the checkout (".[cpu]") or a wheel built from it."""
+    wrong = []
+    for path in DOCUMENTS:
+        for argument in _pip_install_arguments(path.read_text(encoding="utf-8")):
+            if re.fullmatch(r"infertune(\[[\w,-]+\])?", argument):
+                wrong.append(f"{path.relative_to(ROOT)}: pip install {argument}")
+    assert not wrong, "\n".join(wrong)
+
+
+def _benchmark_commands() -> list[tuple[str, list[str]]]:
+    commands = []
+    for path in DOCUMENTS:
+        text = path.read_text(encoding="utf-8")
+        for script, options in re.findall(r"python (benchmarks/\w+\.py)([^\n`#]*)", text):
+            commands.append((script, re.findall(r"(--[a-z][a-z0-9-]*)", options)))
+    return commands
+
+
+def test_benchmark_commands_name_scripts_and_options_that_exist():
+    """The benchmarks run for minutes, so their blocks are skipped; each command the docs
+    give still names a script that exists and options that script defines."""
+    commands = _benchmark_commands()
+    assert commands
+    for script, options in commands:
+        source = ROOT / script
+        assert source.is_file(), f"{script} does not exist"
+        text = source.read_text(encoding="utf-8")
+        for option in options:
+            assert f'"{option}"' in text, f"{script} defines no {option}"
+
+
+def _anchors(markdown: str) -> set[str]:
+    """GitHub's anchors for the headings of a Markdown file: lower case, punctuation dropped,
+    spaces as hyphens."""
+    prose = re.sub(r"^```.*?^```|<!--.*?-->", "", markdown, flags=re.MULTILINE | re.DOTALL)
+    anchors = set()
+    for heading in re.findall(r"^#+ (.+)$", prose, re.MULTILINE):
+        anchors.add(re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-"))
+    return anchors
+
+
+def test_every_relative_link_resolves():
+    """Links between the docs, and to the result files under docs/benchmarks/, point at
+    something that exists: a file, a directory, or a heading of a Markdown file."""
+    broken = []
+    for path in [*DOCUMENTS, ROOT / "CHANGELOG.md"]:
+        text = path.read_text(encoding="utf-8")
+        for target in re.findall(r"\]\(([^)\s]+)\)", text):
+            if re.match(r"[a-z]+:", target):  # https:, mailto:
+                continue
+            file, _, anchor = target.partition("#")
+            resolved = (path.parent / file).resolve() if file else path
+            if not resolved.exists():
+                broken.append(f"{path.relative_to(ROOT)}: {target} (no such file)")
+            elif (
+                anchor
+                and resolved.suffix == ".md"
+                and anchor not in _anchors(resolved.read_text(encoding="utf-8"))
+            ):
+                broken.append(f"{path.relative_to(ROOT)}: {target} (no such heading)")
+    assert not broken, "\n".join(broken)
