@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 from typing import NoReturn
 
 from .paths import user_path
@@ -413,7 +412,7 @@ def _sample(args: argparse.Namespace, declared):
     from .structure import flatten
 
     if args.sample:
-        with np.load(Path(args.sample)) as data:
+        with np.load(user_path(args.sample)) as data:
             arrays = {key: data[key] for key in data.files}
         if list(arrays) == ["arr_0"]:
             return arrays["arr_0"]

@@ -17,6 +17,7 @@ import numpy as np
 
 from .errors import ModelError, one_line
 from .inputs import DeclaredInput, InputSignature, to_numpy
+from .paths import user_path
 from .quiet import import_tensorflow
 from .structure import Structure, flatten
 
@@ -72,7 +73,7 @@ def load_model(model: Any) -> ModelSource:
         return model
     import_tensorflow()  # where infertune imports it first: without its start-up lines
     if isinstance(model, str | os.PathLike):
-        return _load_path(Path(model))
+        return _load_path(user_path(model))
     if _is_keras_model(model):
         return _from_keras(model)
     import tensorflow as tf

@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from .measure import LatencyStats
+from .paths import user_path
 from .stages import StageTimes
 
 __all__ = [
@@ -269,13 +270,13 @@ class Report:
 
     @classmethod
     def from_json(cls, path: str | Path) -> Report:
-        return cls.from_dict(json.loads(Path(path).read_text(encoding="utf-8")))
+        return cls.from_dict(json.loads(user_path(path).read_text(encoding="utf-8")))
 
     def to_json(self, path: str | Path | None = None) -> str:
-        """The report as JSON; written to `path` too when one is given."""
+        """The report as JSON; written to `path` too when one is given (`~` expanded)."""
         text = json.dumps(_finite(self.to_dict()), indent=2)
         if path is not None:
-            Path(path).write_text(text + "\n", encoding="utf-8")
+            user_path(path).write_text(text + "\n", encoding="utf-8")
         return text
 
     def __str__(self) -> str:
