@@ -281,6 +281,14 @@ def test_the_body_is_read_no_further_than_its_limit():
     assert len(asyncio.run(read_body(chunks(4), None, limits))) == 4 * 64 * 1024
 
 
+def test_serve_help_states_the_limits():
+    done = subprocess.run([sys.executable, "-m", "infertune", "serve", "--help"],
+                          capture_output=True, text=True, check=True)  # fmt: skip
+    text = " ".join(done.stdout.split())
+    for said in ("--max-body-mb MIB", "--max-decoded-mb MIB", "HTTP 413", "(64)", "SIGTERM"):
+        assert said in text, said
+
+
 def test_batched_requests_never_run_past_the_largest_batch(dense_saved):
     model = ServedModel(dense_saved)
     rng = np.random.default_rng(5)
