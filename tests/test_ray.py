@@ -284,16 +284,17 @@ def _names(pids: list[int]) -> list[str]:
 
 # -- Ray Serve under hostile input and faults ---------------------------------------------------
 def _replica_pids() -> list[int]:
-    """The pids of the running OpenInferenceServer replicas: Ray titles a replica's worker
-    process `ray::ServeReplica:APP:OpenInferenceServer`."""
+    """The pids of the OpenInferenceServer replicas of this session's Ray (not of another
+    Ray on the machine): Ray titles a replica's worker process
+    `ray::ServeReplica:APP:OpenInferenceServer`."""
     pids = []
-    for entry in Path("/proc").iterdir():
+    for pid, _ in _descendants(os.getpid()):
         try:
-            command = (entry / "cmdline").read_bytes() if entry.name.isdigit() else b""
+            command = Path(f"/proc/{pid}/cmdline").read_bytes()
         except OSError:  # it ended while we looked
             continue
         if command.startswith(b"ray::ServeReplica:") and b"OpenInferenceServer" in command:
-            pids.append(int(entry.name))
+            pids.append(pid)
     return pids
 
 
