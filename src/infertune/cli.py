@@ -128,13 +128,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-batch-size", type=_positive_int, default=32, metavar="N",
                        help="most samples the model runs at once: concurrent requests are "
                        "batched up to N, a request of more samples is refused (32)")  # fmt: skip
-    serve.add_argument(
-        "--max-body-mb",
-        type=_positive_int,
-        default=64,
-        metavar="MIB",
-        help="largest request body as received, in MiB; larger: 413 (64)",
-    )
+    serve.add_argument("--max-body-mb", type=_positive_int, default=64, metavar="MIB",
+                       help="largest request body as received, in MiB; a larger one gets "
+                       "413 (64)")  # fmt: skip
     serve.add_argument("--max-decoded-mb", type=_positive_int, default=64, metavar="MIB",
                        help="largest request body once decompressed, in MiB; decompression "
                        "stops there with 413 (64)")  # fmt: skip

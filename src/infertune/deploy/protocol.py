@@ -296,7 +296,7 @@ def parse_request(
         raise ProtocolError(str(exc)) from None
     request_id = request.get("id")
     return InferRequest(
-        None if request_id is None else str(request_id)[:256],
+        None if request_id is None else str(request_id),
         arrays,
         _requested_outputs(request, model),
     )

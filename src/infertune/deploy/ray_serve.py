@@ -117,7 +117,7 @@ class InferenceEndpoints:
             logger.exception("infertune: could not parse a request")
             return self._failed(start, 500, f"infertune could not parse this request (a bug: "
                                 f"please report it with the request): {one_line(exc)}")  # fmt: skip
-        del body  # the arrays keep what they view; the rest of the body can go
+        del body  # a compressed body is not needed past parsing (the arrays hold the decoded)
         try:
             outputs = await self._run(parsed.inputs)
         except Exception as exc:  # the model failed on valid inputs: a server error, logged
