@@ -1,8 +1,8 @@
 """Scaling out: infertune's result on Ray Serve and Ray Data against the same code written by
-hand around the Keras model.
+hand around the Keras model; and infertune's deployment under hostile input and a fault.
 
     python benchmarks/serve.py [--models small-cnn,mobilenet-v2] [--concurrency 16]
-                               [--seconds 20] [--json FILE]
+                               [--seconds 20] [--runs serve,data,fault] [--json FILE]
 
 One local Ray (`ray.init(num_cpus=2)`, bound to 127.0.0.1), one replica per deployment, the
 same client for both:
@@ -20,6 +20,19 @@ same client for both:
   process, batch by batch); samples/s, wall time from the call to the last batch (the
   actors' start and model loading included, as a user waits for it).
 
+- The fault run (`--runs fault`, on the first model): infertune's deployment with its
+  default limits (64 MiB body, 64 MiB decoded), one replica. `--fault-clients` threads send
+  well-formed requests at a steady rate (one each per 50 ms) and check every answer
+  against the Keras model. After a quiet spell, a burst of bad requests is sent at once:
+  decompression bombs (1 GiB of zeros gzipped to 1 MB), bodies past 64 MiB, batches past
+  `max_batch_size`, malformed JSON, shapes, datatypes and binary sizes; each must get its
+  4xx/413, while the replica's resident memory is sampled every 10 ms. Then the replica's
+  worker process is killed (SIGKILL), 5 ms after 8 more requests were sent (so that some
+  are in flight), and the clients go on until Ray has replaced it.
+  Reported: requests sent, answered right, answered with an error (by status), answered
+  wrong and lost (no answer at all; both must be 0), the time from the kill to the first
+  right answer, and the replica's memory before and at its peak during the burst.
+
 Both deployments' first answers are checked against the Keras model before timing.
 """
 
@@ -32,10 +45,12 @@ import logging
 import os
 import secrets
 import shutil
+import signal
 import sys
 import tempfile
 import threading
 import time
+import zlib
 from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -204,6 +219,201 @@ def _check_answer(label: str, name: str, got: np.ndarray, expected: np.ndarray) 
         raise RuntimeError(f"{label} on {name}: the answer differs from model(x)")
 
 
+# -- the fault run ------------------------------------------------------------------------------
+def _replica_pids() -> list[int]:
+    """Pids of the OpenInferenceServer replicas of this process's Ray (not of another Ray on
+    the machine): Ray titles a replica's worker process
+    `ray::ServeReplica:APP:OpenInferenceServer`."""
+    parents: dict[int, int] = {}
+    commands: dict[int, bytes] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            commands[int(entry.name)] = (entry / "cmdline").read_bytes()
+        except OSError:  # it ended while we looked
+            continue
+        parents[int(entry.name)] = int(stat[stat.rindex(")") + 2 :].split()[1])
+
+    def ours(pid: int) -> bool:
+        for _ in range(64):  # a bounded walk up the tree
+            pid = parents.get(pid, 0)
+            if pid == os.getpid():
+                return True
+            if pid <= 1:
+                return False
+        return False
+
+    return [pid for pid, command in commands.items()
+            if command.startswith(b"ray::ServeReplica:") and b"OpenInferenceServer" in command
+            and ours(pid)]  # fmt: skip
+
+
+def _resident_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError(f"no VmRSS for process {pid}")
+
+
+def _send(port: int, path: str, body: bytes, headers: dict, timeout_s: float = 120):
+    """One request on its own connection: (status, body, headers); raises where no answer."""
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout_s)
+    try:
+        connection.request("POST", path, body=body, headers=headers)
+        response = connection.getresponse()
+        return response.status, response.read(), response.headers
+    finally:
+        connection.close()
+
+
+def _bad_requests(x: np.ndarray) -> list[tuple[str, bytes, dict, int]]:
+    """(what, body, headers, the status it must get): the burst."""
+    compressor = zlib.compressobj(9, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
+    zeros = bytes(2**20)
+    bomb = b"".join([*(compressor.compress(zeros) for _ in range(1024)), compressor.flush()])
+    big = np.zeros((MAX_BATCH_SIZE + 1, *x.shape[1:]), "float32")
+
+    def request(shape: list[int], kind: str, **tensor) -> bytes:
+        return json.dumps({"inputs": [{"name": "x", "shape": shape, "datatype": kind,
+                                       **tensor}]}).encode()  # fmt: skip
+
+    wrong_shape = request([1, 3], "FP32", data=[0, 0, 0])
+    wrong_type = request(list(x.shape), "FP64", data=[0] * x.size)
+    huge = request([2**62, *x.shape[1:]], "FP32", parameters={"binary_data_size": 4})
+    body, headers = _protocol_body(x)
+    return [
+        *[("decompression bomb (1 GiB of zeros)", bomb, {"Content-Encoding": "gzip"}, 413)] * 8,
+        *[("body past 64 MiB", bytes(65 * 2**20), {}, 413)] * 2,
+        *[("batch past max_batch_size", *_protocol_body(big), 400)] * 4,
+        *[("not JSON", b"{not json", {}, 400)] * 4,
+        *[("JSON nested 100000 deep", b"[" * 100_000, {}, 400)] * 2,
+        *[("wrong shape", wrong_shape, {}, 400)] * 4,
+        *[("wrong datatype", wrong_type, {}, 400)] * 4,
+        *[("2**62 samples declared", huge, {}, 400)] * 2,
+        *[("binary data cut short", body[:-4], headers, 400)] * 4,
+        *[("gzip that is not", b"\x1f\x8b" + bytes(100), {"Content-Encoding": "gzip"}, 400)] * 2,
+    ]
+
+
+def bench_faults(name: str, model, saved: Path, sample: np.ndarray, args) -> dict:
+    """The deployment with its default limits under a burst of bad requests and a replica
+    killed mid-load: see the module's docstring."""
+    path = "/v2/models/m/infer"
+    serve.run(infertune.ray.deployment(saved, max_batch_size=MAX_BATCH_SIZE,
+                                       batch_wait_timeout_s=BATCH_WAIT_S, name="m"),
+              name="bench", route_prefix="/")  # fmt: skip
+    (replica,) = _replica_pids()
+    extra: list[threading.Thread] = []
+    rng = np.random.default_rng(3)
+    inputs = [rng.random((1, *sample.shape[1:]), dtype=np.float32) for _ in range(16)]
+    expected = [np.asarray(model(x)) for x in inputs]
+    outcomes: list[tuple[float, float, str]] = []  # (sent, answered, outcome)
+    stop = threading.Event()
+
+    def one(index: int) -> None:
+        """One well-formed request; its (sent, answered, outcome) into `outcomes`."""
+        x, want = inputs[index % len(inputs)], expected[index % len(inputs)]
+        sent = time.monotonic()
+        try:
+            status, data, headers = _send(args.port, path, *_protocol_body(x))
+        except (OSError, http.client.HTTPException):  # no answer at all
+            outcome = "lost"
+        else:
+            if status == 200:
+                got = _decode(data, headers)
+                scale = float(np.abs(want).max())
+                # Keras' float32 round-off against the tuned runtime's, as _check_answer.
+                right = got.shape == want.shape and np.allclose(
+                    got, want, rtol=1e-3, atol=1e-3 * scale
+                )
+                outcome = "right" if right else "wrong"
+            else:
+                outcome = str(status)
+        outcomes.append((sent, time.monotonic(), outcome))
+
+    def client(first: int) -> None:
+        index = first
+        while not stop.is_set():
+            one(index)
+            index += 1
+            stop.wait(0.05)
+
+    bad = _bad_requests(inputs[0])
+    answers: list[tuple[int, int, bytes]] = []
+
+    def send_bad(index: int) -> None:
+        what, body, headers, _ = bad[index]
+        try:
+            answers.append((index, *_send(args.port, path, body, headers)[:2]))
+        except (OSError, http.client.HTTPException) as exc:
+            answers.append((index, 0, f"{type(exc).__name__}: {exc}".encode()))
+
+    clients = [threading.Thread(target=client, args=(i,)) for i in range(args.fault_clients)]
+    for thread in clients:
+        thread.start()
+    try:
+        time.sleep(args.seconds / 2)
+        baseline = peak = _resident_mib(replica)
+        burst_at = time.monotonic()
+        senders = [threading.Thread(target=send_bad, args=(i,)) for i in range(len(bad))]
+        for thread in senders:
+            thread.start()
+        while any(thread.is_alive() for thread in senders):
+            peak = max(peak, _resident_mib(replica))
+            time.sleep(0.01)
+        burst_s = time.monotonic() - burst_at
+        time.sleep(args.seconds / 2)
+        # Requests in flight at the kill, whatever the clients' timing: 8 more sent just before.
+        extra = [threading.Thread(target=one, args=(i,)) for i in range(8)]
+        for thread in extra:
+            thread.start()
+        time.sleep(0.005)
+        kill_at = time.monotonic()
+        os.kill(replica, signal.SIGKILL)
+        recovered_at = None
+        while recovered_at is None and time.monotonic() < kill_at + 300:
+            time.sleep(0.1)
+            # The first right answer to a request sent after the kill: the new replica's.
+            right = [done for sent, done, outcome in list(outcomes)
+                     if sent > kill_at and outcome == "right"]  # fmt: skip
+            recovered_at = min(right) if right else None
+        time.sleep(args.seconds / 2)
+    finally:
+        stop.set()
+        for thread in clients + extra:
+            thread.join()
+        serve.delete("bench")
+    wrong_status = [(bad[i][0], status, body[:200].decode(errors="replace"))
+                    for i, status, body in answers if status != bad[i][3]]  # fmt: skip
+    counts: dict[str, int] = {}
+    for _, _, outcome in outcomes:
+        counts[outcome] = counts.get(outcome, 0) + 1
+    after_kill = [outcome for _, done, outcome in outcomes if done >= kill_at]
+    result = {
+        "model": name,
+        "clients": args.fault_clients,
+        "sent": len(outcomes),
+        "right": counts.get("right", 0),
+        "error": {k: v for k, v in counts.items() if k not in ("right", "wrong", "lost")},
+        "wrong": counts.get("wrong", 0),
+        "lost": counts.get("lost", 0),
+        "errors_before_kill": sum(o != "right" for _, done, o in outcomes if done < kill_at),
+        "errors_after_kill": sum(o != "right" for o in after_kill),
+        "in_flight_at_kill": sum(sent < kill_at <= done for sent, done, _ in outcomes),
+        "recover_s": None if recovered_at is None else recovered_at - kill_at,
+        "bad_requests": len(bad),
+        "bad_answered_as_expected": len(bad) - len(wrong_status),
+        "bad_unexpected": wrong_status,
+        "burst_s": burst_s,
+        "replica_rss_before_mib": baseline,
+        "replica_rss_peak_mib": peak,
+    }
+    print(f"  faults: {result}", file=sys.stderr, flush=True)
+    return result
+
+
 def bench_data(name: str, model, saved: Path, args) -> list[dict]:
     count, batch = DATA[name]
     x = np.random.default_rng(1).random((count, *model.input_shape[1:]), dtype=np.float32)
@@ -247,12 +457,17 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--port", type=int, default=8765)
+    parser.add_argument("--runs", default="serve,data,fault",
+                        help="which runs: serve (requests/s), data (Ray Data), fault "
+                        "(hostile input and a killed replica, on the first model)")  # fmt: skip
+    parser.add_argument("--fault-clients", type=int, default=4)
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args()
+    runs = set(args.runs.split(","))
 
     work = Path(tempfile.mkdtemp(prefix="infertune-serve-bench-"))
     ray_dir = tempfile.mkdtemp(prefix="ray-", dir="/tmp")  # short: Ray's socket paths
-    serve_rows, data_rows, tuned = [], [], {}
+    serve_rows, data_rows, tuned, faults = [], [], {}, None
     try:
         prepared = []
         for name in args.models.split(","):
@@ -269,8 +484,14 @@ def main() -> None:
         serve.start(http_options={"host": "127.0.0.1", "port": args.port})
         for name, model, saved, keras_path, sample in prepared:
             print(f"{name}: serving ({tuned[name]})", file=sys.stderr, flush=True)
-            serve_rows += bench_serve(name, model, saved, keras_path, sample, args)
-            data_rows += bench_data(name, model, saved, args)
+            if "serve" in runs:
+                serve_rows += bench_serve(name, model, saved, keras_path, sample, args)
+            if "data" in runs:
+                data_rows += bench_data(name, model, saved, args)
+        if "fault" in runs:
+            name, model, saved, _, sample = prepared[0]
+            print(f"{name}: faults ({tuned[name]})", file=sys.stderr, flush=True)
+            faults = bench_faults(name, model, saved, sample, args)
     finally:
         if ray.is_initialized():
             serve.shutdown()
@@ -278,13 +499,49 @@ def main() -> None:
         shutil.rmtree(ray_dir, ignore_errors=True)
         shutil.rmtree(work, ignore_errors=True)
     print_tables(serve_rows, data_rows, tuned, args)
+    if faults is not None:
+        print_faults(faults, tuned)
     if args.json:
         Path(args.json).write_text(json.dumps(
-            {"serve": serve_rows, "data": data_rows, "tuned": tuned,
+            {"serve": serve_rows, "data": data_rows, "faults": faults, "tuned": tuned,
              "concurrency": args.concurrency, "seconds": args.seconds}, indent=2))  # fmt: skip
+    if faults is not None and (faults["lost"] or faults["wrong"] or faults["bad_unexpected"]):
+        sys.exit("the fault run lost requests, answered one wrongly, or answered a bad one "
+                 "with an unexpected status: see above")  # fmt: skip
+
+
+def print_faults(faults: dict, tuned: dict) -> None:
+    errors = ", ".join(f"{count} x {status}" for status, count in sorted(faults["error"].items()))
+    print(f"\nFaults, {faults['model']} ({tuned[faults['model']]}), {faults['clients']} clients "
+          f"at one request per 50 ms each:\n")  # fmt: skip
+    print(
+        "| sent | answered right | answered with an error | answered wrong | lost | "
+        "recovered after the kill | replica memory: before the burst, peak |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    recover = "never" if faults["recover_s"] is None else f"{faults['recover_s']:.1f} s"
+    print(
+        f"| {faults['sent']} | {faults['right']} | {faults['errors_after_kill']} answered after "
+        f"the kill ({errors or 'none'}; {faults['in_flight_at_kill']} requests in flight at the "
+        f"kill), {faults['errors_before_kill']} before | "
+        f"{faults['wrong']} | {faults['lost']} | {recover} | "
+        f"{faults['replica_rss_before_mib']:.0f} MiB, {faults['replica_rss_peak_mib']:.0f} MiB |"
+    )
+    print(
+        f"\nBad requests: {faults['bad_answered_as_expected']} of {faults['bad_requests']} "
+        f"got their 4xx/413 (burst {faults['burst_s']:.1f} s); unexpected: "
+        f"{faults['bad_unexpected'] or 'none'}"
+    )
 
 
 def print_tables(serve_rows: list[dict], data_rows: list[dict], tuned: dict, args) -> None:
+    if serve_rows:
+        print_serve(serve_rows, tuned, args)
+    if data_rows:
+        print_data(data_rows)
+
+
+def print_serve(serve_rows: list[dict], tuned: dict, args) -> None:
     print(f"\nRay Serve, 1 replica, {args.concurrency} concurrent clients, one-sample requests, "
           f"{args.seconds:.0f} s each, batches of up to {MAX_BATCH_SIZE}:\n")  # fmt: skip
     print("| model | deployment | requests/s | p50 ms | p99 ms | vs by hand |")
@@ -299,6 +556,9 @@ def print_tables(serve_rows: list[dict], data_rows: list[dict], tuned: dict, arg
         ratio = row["requests_per_s"] / by_hand[row["model"]]
         print(f"| {row['model']} | {label} | {row['requests_per_s']:.0f} | {row['p50_ms']:.1f} "
               f"| {row['p99_ms']:.1f} | {ratio:.1f}x |")  # fmt: skip
+
+
+def print_data(data_rows: list[dict]) -> None:
     print("\nRay Data over one array (wall time from the call to the last batch):\n")
     print("| model | way | samples | seconds | samples/s | vs model.predict |")
     print("|---|---|---|---|---|---|")

@@ -1,6 +1,7 @@
 """infertune.ray on a real local Ray: Ray Data's map_batches with the Predictor, the Ray Serve
-deployment answering tritonclient over the Open Inference Protocol, and `infertune serve`
-stopped with Ctrl-C.
+deployment answering tritonclient over the Open Inference Protocol, the deployment under a
+burst of bad requests (decompression bombs among them) and a replica killed with SIGKILL, and
+`infertune serve` stopped with Ctrl-C and with SIGTERM.
 
 One Ray for the whole session (`ray.init(num_cpus=2)`, 7-10 s), bound to 127.0.0.1, with its
 files in a temporary directory and its authentication token in the environment rather than
@@ -10,6 +11,7 @@ removed; `infertune serve`'s own Ray is checked the same way.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import secrets
@@ -21,6 +23,8 @@ import sys
 import tempfile
 import threading
 import time
+import zlib
+from http.client import HTTPConnection, HTTPException
 from pathlib import Path
 
 import numpy as np
@@ -150,6 +154,8 @@ def test_deployment_checks_its_arguments_before_ray_runs_it(dense_saved, tmp_pat
         infertune.ray.deployment(dense_saved, max_batch_size=0)
     with pytest.raises(infertune.OptionError, match="model name must be letters"):
         infertune.ray.deployment(dense_saved, name="a/b")
+    with pytest.raises(infertune.OptionError, match=r"max_decoded_mb must be a number of MiB > 0"):
+        infertune.ray.deployment(dense_saved, max_decoded_mb=0)
     with pytest.raises(infertune.ArtifactError, match="has no manifest.json"):
         infertune.ray.deployment(tmp_path)
 
@@ -220,9 +226,13 @@ def test_ray_serve_answers_tritonclient_in_batches(local_ray, dense_saved):
         serve.shutdown()
 
 
-def test_serve_command_stops_on_ctrl_c(dense_saved, tmp_path):
-    """`infertune serve` on its own local Ray; Ctrl-C (SIGINT to its process group, as a
-    terminal sends it) stops the server and every Ray process, and exits 0."""
+@pytest.mark.parametrize(("signum", "to_group"), [(signal.SIGINT, True), (signal.SIGTERM, False)],
+                         ids=["ctrl-c", "sigterm"])  # fmt: skip
+def test_serve_command_stops_on_ctrl_c_and_sigterm(dense_saved, tmp_path, signum, to_group):
+    """`infertune serve` on its own local Ray, with its limits from the command line; Ctrl-C
+    (SIGINT to its process group, as a terminal sends it) or SIGTERM to its process alone (as
+    Docker and Kubernetes stop a container) stops the server and every Ray process, and
+    exits 0."""
     port = _free_port()
     temp_dir = tempfile.mkdtemp(prefix="ray-", dir="/tmp")
     env = {**os.environ, **_RAY_ENV, "RAY_TMPDIR": temp_dir}
@@ -230,25 +240,260 @@ def test_serve_command_stops_on_ctrl_c(dense_saved, tmp_path):
     with open(log, "wb") as out:
         process = subprocess.Popen(
             [sys.executable, "-m", "infertune", "serve", str(dense_saved), "--port", str(port),
-             "--max-batch-size", "4"],
+             "--max-batch-size", "4", "--max-body-mb", "1"],
             stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True,
         )  # fmt: skip
     try:
         _wait_for_line(log, "infertune: serving 'dense' at http://127.0.0.1", process, 120)
+        assert "bodies up to 1 MiB, 64 MiB decoded" in log.read_text()
         x = np.random.default_rng(3).standard_normal((3, 6)).astype("float32")
         np.testing.assert_allclose(
             _infer(f"127.0.0.1:{port}", x), dense_model()(x), rtol=RTOL, atol=ATOL
         )
+        status, body, _ = _post(port, bytes(2 * 2**20), {})
+        assert status == 413 and "--max-body-mb" in json.loads(body)["error"], body[:300]
         started = _session(process.pid)
-        os.killpg(process.pid, signal.SIGINT)
+        if to_group:
+            os.killpg(process.pid, signum)
+        else:
+            process.send_signal(signum)
         try:
             code = process.wait(timeout=60)
         except subprocess.TimeoutExpired:
-            pytest.fail(f"still running 60 s after Ctrl-C; its output:\n{log.read_text()[-3000:]}")
+            pytest.fail(f"still running 60 s after {signal.Signals(signum).name}; its output:\n"
+                        f"{log.read_text()[-3000:]}")  # fmt: skip
         assert code == 0, log.read_text()[-3000:]
-        assert not _still_running(started, timeout_s=30), "Ray processes outlived the server"
+        left = _still_running(started, timeout_s=30)
+        assert not left, f"Ray processes outlived the server: {_names(left)}"
     finally:
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()
         shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+def _names(pids: list[int]) -> list[str]:
+    names = []
+    for pid in pids:
+        try:
+            names.append(Path(f"/proc/{pid}/cmdline").read_bytes()[:60].decode(errors="replace"))
+        except OSError:  # it ended meanwhile
+            names.append(f"{pid} (ended)")
+    return names
+
+
+# -- Ray Serve under hostile input and faults ---------------------------------------------------
+def _replica_pids() -> list[int]:
+    """The pids of the OpenInferenceServer replicas of this session's Ray (not of another
+    Ray on the machine): Ray titles a replica's worker process
+    `ray::ServeReplica:APP:OpenInferenceServer`."""
+    pids = []
+    for pid, _ in _descendants(os.getpid()):
+        try:
+            command = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:  # it ended while we looked
+            continue
+        if command.startswith(b"ray::ServeReplica:") and b"OpenInferenceServer" in command:
+            pids.append(pid)
+    return pids
+
+
+def _resident_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError(f"no VmRSS for process {pid}")
+
+
+def _post(port: int, body: bytes, headers: dict[str, str], timeout_s: float = 60):
+    """One POST to the model's infer endpoint on its own connection: (status, body, the
+    length of the response's JSON header)."""
+    connection = HTTPConnection("127.0.0.1", port, timeout=timeout_s)
+    try:
+        connection.request("POST", "/v2/models/dense/infer", body=body, headers=headers)
+        response = connection.getresponse()
+        length = int(response.getheader("Inference-Header-Content-Length") or 0)
+        return response.status, response.read(), length
+    finally:
+        connection.close()
+
+
+def _binary_request(x: np.ndarray, shape: list[int] | None = None) -> tuple[bytes, dict]:
+    header = json.dumps({
+        "inputs": [{"name": "x", "shape": shape or list(x.shape), "datatype": "FP32",
+                    "parameters": {"binary_data_size": x.nbytes}}],
+        "parameters": {"binary_data_output": True},
+    }).encode()  # fmt: skip
+    return header + x.tobytes(), {"Inference-Header-Content-Length": str(len(header))}
+
+
+def _output(body: bytes, length: int) -> np.ndarray:
+    """The one output of a response with binary outputs."""
+    output = json.loads(body[:length])["outputs"][0]
+    return np.frombuffer(body[length:], dtype="<f4").reshape(output["shape"])
+
+
+def _well_formed(port: int, x: np.ndarray, want: np.ndarray) -> tuple[float, float, str]:
+    """One well-formed request: (sent, answered, outcome), the outcome "right", "wrong" (200
+    with other outputs), "5xx", "4xx" or "lost" (no answer: the connection failed or timed
+    out), the times from time.monotonic()."""
+    sent = time.monotonic()
+    try:
+        status, body, length = _post(port, *_binary_request(x))
+    except (OSError, HTTPException):  # reset, refused, timed out: no answer
+        return sent, time.monotonic(), "lost"
+    if status != 200:
+        return sent, time.monotonic(), f"{status // 100}xx"
+    try:
+        got = _output(body, length)
+    except (ValueError, KeyError):  # not the response the protocol gives
+        got = np.zeros(0)
+    # The same ONNX Runtime result on the same rows: float32 round-off.
+    right = got.shape == want.shape and np.allclose(got, want, rtol=RTOL, atol=ATOL)
+    return sent, time.monotonic(), "right" if right else "wrong"
+
+
+class _SteadyClient:
+    """Well-formed requests at a steady rate from `threads` threads until stopped, each
+    thread one request per `interval_s`; `outcomes` as `_well_formed` gives them."""
+
+    def __init__(self, port: int, inputs: list[np.ndarray], expected: list[np.ndarray],
+                 threads: int = 3, interval_s: float = 0.1):  # fmt: skip
+        self.outcomes: list[tuple[float, float, str]] = []
+        self._stop = threading.Event()
+        self._threads = [
+            threading.Thread(target=self._send, args=(port, inputs, expected, i, interval_s))
+            for i in range(threads)
+        ]
+
+    def _send(self, port, inputs, expected, first, interval_s) -> None:
+        index = first
+        while not self._stop.is_set():
+            i = index % len(inputs)
+            self.outcomes.append(_well_formed(port, inputs[i], expected[i]))
+            index += 1
+            self._stop.wait(interval_s)
+
+    def __enter__(self):
+        for thread in self._threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(timeout=90)
+
+
+def _one_replica(timeout_s: float = 30) -> int:
+    """The pid of the one replica, once the replicas of earlier tests have exited."""
+    deadline = time.monotonic() + timeout_s
+    while len(pids := _replica_pids()) != 1:
+        if time.monotonic() > deadline:
+            raise AssertionError(f"expected one replica process, found {pids}")
+        time.sleep(0.2)
+    return pids[0]
+
+
+def test_ray_serve_under_a_burst_of_bad_requests_and_a_killed_replica(local_ray, dense_saved):
+    """While well-formed requests run at a steady rate: a burst of malformed and oversized
+    requests (decompression bombs among them) gets its 4xx/413 and the well-formed ones keep
+    their right answers, the replica's memory bounded; then the replica is killed (SIGKILL)
+    with requests in flight, and Ray replaces it: every request sent is answered, right or
+    with a 5xx, none wrongly and none lost, and the service answers again."""
+    from ray import serve
+
+    port = _free_port()
+    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    try:
+        app = infertune.ray.deployment(dense_saved, max_batch_size=8, max_body_mb=4,
+                                       max_decoded_mb=4)  # fmt: skip
+        serve.run(app, name="dense", route_prefix="/")
+        replica = _one_replica()
+        rng = np.random.default_rng(7)
+        inputs = [rng.standard_normal((1 + i % 3, 6)).astype("float32") for i in range(12)]
+        expected = [np.asarray(dense_model()(x)) for x in inputs]
+        compressor = zlib.compressobj(9, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
+        zeros = bytes(2**20)
+        bomb = b"".join([*(compressor.compress(zeros) for _ in range(256)), compressor.flush()])
+        x = inputs[0]
+        too_many = _binary_request(np.zeros((9, 6), "float32"))
+        huge = _binary_request(x, [2**62, 6])
+        body, headers = _binary_request(x)
+        fp64 = {"inputs": [{"name": "x", "shape": [1, 6], "datatype": "FP64", "data": [0] * 6}]}
+        bad = [  # (body, headers, the status it must get), sent all at once
+            *[(bomb, {"Content-Encoding": "gzip"}, 413)] * 4,  # 256 MiB of zeros in 250 KiB
+            *[(bytes(5 * 2**20), {}, 413)] * 2,  # past max_body_mb
+            *[(*too_many, 400)] * 2,  # a batch past max_batch_size
+            (b"{not json", {}, 400),
+            (b"[" * 100_000, {}, 400),
+            (*huge, 400),  # 2**62 samples: past max_batch_size, before any size is computed
+            (body[:-4], headers, 400),  # binary data cut short
+            (json.dumps(fp64).encode(), {}, 400),
+            (b"\x1f\x8b" + bytes(100), {"Content-Encoding": "gzip"}, 400),
+            (b"{}", {"Content-Encoding": "br"}, 415),
+        ]
+        answers: list[tuple[int, int, bytes]] = []
+        in_flight: list[tuple[float, float, str]] = []
+
+        def send_bad(index: int) -> None:
+            body, headers, _ = bad[index]
+            answers.append((index, *_post(port, body, headers)[:2]))
+
+        def send_well_formed(index: int) -> None:
+            in_flight.append(_well_formed(port, inputs[index], expected[index]))
+
+        with _SteadyClient(port, inputs, expected) as steady:
+            time.sleep(1.0)
+            baseline = peak = _resident_mib(replica)
+            senders = [threading.Thread(target=send_bad, args=(i,)) for i in range(len(bad))]
+            for sender in senders:
+                sender.start()
+            while any(sender.is_alive() for sender in senders):
+                peak = max(peak, _resident_mib(replica))
+                time.sleep(0.01)
+            for sender in senders:
+                sender.join()
+            time.sleep(1.0)  # well-formed requests after the burst, too
+            # Requests in flight at the kill: sent just before it, a few ms each on the way.
+            extra = [threading.Thread(target=send_well_formed, args=(i,)) for i in range(6)]
+            for thread in extra:
+                thread.start()
+            time.sleep(0.005)
+            kill_at = time.monotonic()
+            os.kill(replica, signal.SIGKILL)
+            # Ray's controller notices the death at its next health check (every 10 s by
+            # default) and starts a new replica; 60 s is ample on 2 busy cores.
+            recovered_at = None
+            while recovered_at is None and time.monotonic() < kill_at + 60:
+                time.sleep(0.2)
+                answered = [done for sent, done, outcome in steady.outcomes
+                            if sent > kill_at and outcome == "right"]  # fmt: skip
+                recovered_at = min(answered) if answered else None
+            time.sleep(1.0)
+        for thread in extra:
+            thread.join(timeout=60)
+
+        for index, status, body in sorted(answers):
+            assert status == bad[index][2], (index, status, body[:300])
+            assert json.loads(body)["error"], body
+        assert any(b"max_decoded_mb" in body for _, status, body in answers if status == 413)
+        # The bomb is refused at 4 MiB decoded, one request decoded at a time: the replica's
+        # memory grows by a few MiB (64 leaves room for Python's allocator), never by the
+        # 256 MiB the bomb expands to.
+        assert peak - baseline < 64, (baseline, peak)
+        outcomes = steady.outcomes + in_flight
+        before_kill = [outcome for sent, done, outcome in outcomes if done < kill_at]
+        assert before_kill and set(before_kill) == {"right"}, before_kill
+        around_kill = [outcome for sent, done, outcome in outcomes if done >= kill_at]
+        assert set(around_kill) <= {"right", "5xx"}, around_kill  # none wrong, none lost
+        assert sum(sent < kill_at <= done for sent, done, _ in outcomes) >= 1  # in flight
+        assert recovered_at is not None, f"no right answer 60 s after the kill: {outcomes}"
+        new_replicas = _replica_pids()
+        assert new_replicas and replica not in new_replicas
+        print(f"burst: replica memory {baseline:.0f} -> {peak:.0f} MiB; kill: "
+              f"{sum(sent < kill_at <= done for sent, done, _ in outcomes)} requests in flight, "
+              f"{around_kill.count('5xx')} answered 5xx, {around_kill.count('right')} right; "
+              f"answers again {recovered_at - kill_at:.1f} s after the kill")  # fmt: skip
+    finally:
+        serve.shutdown()

@@ -5,10 +5,13 @@ test_ray.py)."""
 
 from __future__ import annotations
 
+import asyncio
 import gzip
 import json
 import subprocess
 import sys
+import tracemalloc
+import zlib
 
 import numpy as np
 import pytest
@@ -17,10 +20,12 @@ from conftest import dense_model, dict_model, dict_sample
 import infertune
 from infertune.deploy.protocol import (
     BINARY_HEADER,
+    Limits,
     ProtocolError,
     encode_response,
     model_metadata,
     parse_request,
+    read_body,
     route,
 )
 from infertune.deploy.ray_data import Predictor
@@ -187,3 +192,109 @@ def test_predictor_columns(dense_saved, dict_saved):
     expected = dict_model()(sample)
     for key in batch:
         np.testing.assert_allclose(batch[key], expected[key], rtol=RTOL, atol=ATOL)
+
+
+# -- limits: a request read as an attacker may write it ---------------------------------------
+def _bomb(decoded_mib: int, encoding: str = "gzip") -> bytes:
+    """`decoded_mib` MiB of zeros, compressed (about 1000:1), built a MiB at a time."""
+    compressor = zlib.compressobj(9, zlib.DEFLATED, 16 + zlib.MAX_WBITS if encoding == "gzip"
+                                  else zlib.MAX_WBITS)  # fmt: skip
+    zeros = bytes(2**20)
+    return b"".join([*(compressor.compress(zeros) for _ in range(decoded_mib)),
+                     compressor.flush()])  # fmt: skip
+
+
+@pytest.mark.parametrize("encoding", ["gzip", "deflate"])
+def test_a_decompression_bomb_stops_at_the_decoded_limit(dense_saved, encoding):
+    model = ServedModel(dense_saved)
+    bomb = _bomb(256, encoding)
+    assert len(bomb) < 2**20  # 256 MiB of zeros in less than 1 MiB
+    tracemalloc.start()
+    try:
+        with pytest.raises(ProtocolError, match=r"decodes \(.*\) to more than 1 MiB") as info:
+            parse_request(bomb, model, content_encoding=encoding, limits=Limits(max_decoded_mb=1))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert info.value.status == 413
+    assert "max_decoded_mb=" in str(info.value) and "--max-decoded-mb" in str(info.value)
+    # The limit (1 MiB), one step of output (1 MiB) and the bytearray's growth: far from the
+    # 256 MiB the bomb expands to.
+    assert peak < 4 * 2**20, peak
+
+
+def test_body_and_declared_sizes_are_checked_before_anything_is_built(dense_saved):
+    model = ServedModel(dense_saved)
+    limits = Limits(max_body_mb=1, max_decoded_mb=1, max_batch_size=8)
+
+    with pytest.raises(ProtocolError, match=r"more than 1 MiB: this server's limit per request "
+                       r"\(max_body_mb\).*--max-body-mb") as info:  # fmt: skip
+        parse_request(bytes(2 * 2**20), model, limits=limits)
+    assert info.value.status == 413
+
+    def request(shape, **parameters) -> bytes:
+        tensor = {"name": "x", "shape": shape, "datatype": "FP32", "parameters": parameters}
+        return json.dumps({"inputs": [tensor]}).encode()
+
+    # A batch larger than the deployment takes: 400 naming the largest it takes.
+    header = request([9, 6], binary_data_size=9 * 24)
+    with pytest.raises(ProtocolError, match=r"batch of 9 samples; this deployment takes at "
+                       r"most 8 per request \(its max_batch_size\)") as info:  # fmt: skip
+        parse_request(header + bytes(9 * 24), model, str(len(header)), limits=limits)
+    assert info.value.status == 400
+    # Sizes no request could carry, declared: refused on the numbers, nothing allocated.
+    for shape in ([1, 2**62], [2**62, 6], [10**1000, 6]):
+        body = request(shape, binary_data_size=24)
+        with pytest.raises(ProtocolError) as info:
+            parse_request(body, model, str(len(body)), limits=Limits(max_batch_size=None))
+        assert info.value.status in (400, 413), info.value
+    with pytest.raises(ProtocolError, match=r"is more than 2\*\*64 bytes, more than 64 MiB"):
+        body = request([10**1000, 6], binary_data_size=24)
+        parse_request(body, model, str(len(body)))
+    empty = request([0, 6], binary_data_size=0)
+    with pytest.raises(ProtocolError, match="no values"):
+        parse_request(empty, model, str(len(empty)))
+    with pytest.raises(ProtocolError, match="Content-Encoding 'br' is not supported") as info:
+        parse_request(b"{}", model, content_encoding="br")
+    assert info.value.status == 415
+    with pytest.raises(ProtocolError, match="nested too deeply"):
+        parse_request(b"[" * 100_000 + b"]" * 100_000, model)
+
+
+def test_the_body_is_read_no_further_than_its_limit():
+    limits = Limits(max_body_mb=1)
+    read = []
+
+    async def chunks(count: int):
+        for _ in range(count):
+            read.append(64 * 1024)
+            yield bytes(64 * 1024)
+
+    # A Content-Length past the limit: refused before a byte of the body is read.
+    with pytest.raises(ProtocolError, match="is 3145728 bytes") as info:
+        asyncio.run(read_body(chunks(48), str(3 * 2**20), limits))
+    assert info.value.status == 413 and read == []
+    # No Content-Length (chunked): refused at the first chunk past the limit.
+    with pytest.raises(ProtocolError, match="more than 1 MiB") as info:
+        asyncio.run(read_body(chunks(48), None, limits))
+    assert info.value.status == 413 and sum(read) == 2**20 + 64 * 1024
+    assert len(asyncio.run(read_body(chunks(4), None, limits))) == 4 * 64 * 1024
+
+
+def test_serve_help_states_the_limits():
+    done = subprocess.run([sys.executable, "-m", "infertune", "serve", "--help"],
+                          capture_output=True, text=True, check=True)  # fmt: skip
+    text = " ".join(done.stdout.split())
+    for said in ("--max-body-mb MIB", "--max-decoded-mb MIB", "HTTP 413", "(64)", "SIGTERM"):
+        assert said in text, said
+
+
+def test_batched_requests_never_run_past_the_largest_batch(dense_saved):
+    model = ServedModel(dense_saved)
+    rng = np.random.default_rng(5)
+    requests = [[rng.standard_normal((n, 6)).astype("float32")] for n in (20, 20, 5, 32)]
+    runs = []
+    outputs = model.run_batch(requests, lambda samples, ns: runs.append(samples), max_samples=32)
+    assert runs == [20, 25, 32]  # in order, each run at most 32 samples
+    for request, output in zip(requests, outputs):
+        np.testing.assert_allclose(output[0], model.run(request)[0], rtol=RTOL, atol=ATOL)

@@ -116,14 +116,24 @@ def build_parser() -> argparse.ArgumentParser:
         help="serve a saved result over HTTP with Ray Serve (Open Inference Protocol v2)",
         description="Serve a result saved with `optimize ... --save DIR` over HTTP, as Triton "
         "does (Open Inference Protocol v2: /v2/models/NAME/infer, tritonclient works), with "
-        "Ray Serve on a local Ray; concurrent requests are batched. Ctrl-C stops it. Needs "
+        "Ray Serve on a local Ray; concurrent requests are batched. Limits: a request body "
+        "larger than --max-body-mb, or one that decompresses (gzip, deflate) past "
+        "--max-decoded-mb, gets HTTP 413; a request of more samples than --max-batch-size "
+        "gets 400 naming it. Ctrl-C or SIGTERM stops it (exit 0). Needs "
         'pip install "infertune[ray]".',
     )
     serve.add_argument("saved", metavar="DIR", help="directory written by --save")
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (127.0.0.1)")
     serve.add_argument("--port", type=int, default=8000, help="HTTP port (8000)")
     serve.add_argument("--max-batch-size", type=_positive_int, default=32, metavar="N",
-                       help="most concurrent requests run as one batch (32)")  # fmt: skip
+                       help="most samples the model runs at once: concurrent requests are "
+                       "batched up to N, a request of more samples is refused (32)")  # fmt: skip
+    serve.add_argument("--max-body-mb", type=_positive_int, default=64, metavar="MIB",
+                       help="largest request body as received, in MiB; a larger one gets "
+                       "413 (64)")  # fmt: skip
+    serve.add_argument("--max-decoded-mb", type=_positive_int, default=64, metavar="MIB",
+                       help="largest request body once decompressed, in MiB; decompression "
+                       "stops there with 413 (64)")  # fmt: skip
     serve.add_argument("--replicas", type=_positive_int, default=1, metavar="N",
                        help="replicas, each with its own copy of the model (1)")  # fmt: skip
     serve.add_argument("--name", help="model name in the URLs (default: the directory's name)")
@@ -306,7 +316,8 @@ def _serve(args: argparse.Namespace) -> int:
         ) from None
     serve_until_interrupted(args.saved, host=args.host, port=args.port,
                             max_batch_size=args.max_batch_size, num_replicas=args.replicas,
-                            name=args.name, address=args.address)  # fmt: skip
+                            name=args.name, address=args.address, max_body_mb=args.max_body_mb,
+                            max_decoded_mb=args.max_decoded_mb)  # fmt: skip
     return 0
 
 

@@ -6,8 +6,11 @@ Serve (Open Inference Protocol v2, as Triton speaks it). Install with
                    batch_size=256, compute=ray.data.ActorPoolStrategy(size=4))
     serve.run(infertune.ray.deployment("tuned/", max_batch_size=32))
 
+The deployment is a network endpoint and reads requests as an attacker may write them: a
+body past `max_body_mb` (64 MiB) or decompressing past `max_decoded_mb` (64 MiB) gets HTTP
+413, a request of more samples than `max_batch_size` gets 400, both naming the limit.
 `infertune serve tuned/` runs the deployment on a local Ray from the command line.
-See docs/deploy.md, "Scaling out".
+See docs/deploy.md, "Scaling out" and "Limits".
 """
 
 from __future__ import annotations

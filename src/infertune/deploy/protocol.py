@@ -17,37 +17,45 @@ where the request asks for it (`parameters.binary_data` on an output, or
 `binary_data_output` on the request, as tritonclient sends by default). A request compressed
 with `Content-Encoding: gzip` or `deflate` is decompressed.
 
+A request is read as an attacker may write it (`Limits`): its body is refused past
+`max_body_mb` before it is read further, its decompression streams and stops past
+`max_decoded_mb` (a decompression bomb costs that much, not what it would expand to), and
+every size it declares (shapes, binary_data_size, the JSON header's length) is checked
+against the model's inputs and the limits before an array is built from it.
+
 Nothing here knows Ray: the Serve deployment passes the bytes in and sends back what comes
-out. A request that does not fit raises `ProtocolError` with the HTTP status and the reason;
-the error body is `{"error": "..."}`, as Triton's.
+out. A request that does not fit raises `ProtocolError` with the HTTP status (400, 413 past a
+limit, 415 for an unknown encoding) and the reason; the error body is `{"error": "..."}`, as
+Triton's.
 """
 
 from __future__ import annotations
 
-import gzip
 import json
 import math
 import re
 import zlib
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from ..errors import InputError
-from .served import ServedModel, TensorSpec
+from .served import ServedModel, TensorSpec, check_shape
 
 __all__ = [
     "BINARY_HEADER",
     "InferRequest",
     "InferenceStatistics",
+    "Limits",
     "ProtocolError",
     "datatype",
     "encode_response",
     "error_body",
     "model_metadata",
     "parse_request",
+    "read_body",
     "route",
     "server_metadata",
 ]
@@ -160,6 +168,78 @@ def model_metadata(model: ServedModel, name: str) -> dict:
     }
 
 
+# -- limits ------------------------------------------------------------------------------------
+MIB = 2**20
+_DECOMPRESS_CHUNK = MIB  # output bytes per step of the streaming decompression
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one infer request may carry, so that no request costs the replica more than this.
+
+    `max_body_mb`: the body as received (compressed or not), in MiB (2**20 bytes);
+    `max_decoded_mb`: the body once decompressed (the JSON header and binary tensors);
+    `max_batch_size`: the most samples one request may carry along a free batch dimension
+    (None: no limit). The defaults, 64 MiB each, are Triton's (`--http-max-input-size`): a
+    batch of 32 images of 224x224x3 float32 is 18.4 MiB as binary tensors.
+    """
+
+    max_body_mb: float = 64.0
+    max_decoded_mb: float = 64.0
+    max_batch_size: int | None = None
+
+    @property
+    def body_bytes(self) -> int:
+        return int(self.max_body_mb * MIB)
+
+    @property
+    def decoded_bytes(self) -> int:
+        return int(self.max_decoded_mb * MIB)
+
+
+def _raise_body_limit(limits: Limits, received: str) -> None:
+    raise ProtocolError(
+        f"The request body is {received}, more than {limits.max_body_mb:g} MiB: this server's "
+        f"limit per request (max_body_mb). Send fewer samples per request, or raise it: "
+        f"max_body_mb= in infertune.ray.deployment(...), --max-body-mb in infertune serve.",
+        413,
+    )
+
+
+def _raise_decoded_limit(limits: Limits, what: str) -> None:
+    raise ProtocolError(
+        f"{what} more than {limits.max_decoded_mb:g} MiB: this server's limit per request "
+        f"once decompressed (max_decoded_mb). Send fewer samples per request, or raise it: "
+        f"max_decoded_mb= in infertune.ray.deployment(...), --max-decoded-mb in infertune "
+        f"serve.",
+        413,
+    )
+
+
+async def read_body(
+    chunks: AsyncIterator[bytes], content_length: str | None, limits: Limits
+) -> bytearray:
+    """The request body from its chunks as they arrive, refused (413) as soon as it passes
+    `limits.max_body_mb`: at once where its Content-Length says so, else once that much has
+    been read; never more than the limit and one chunk is held."""
+    limit = limits.body_bytes
+    if content_length is not None:
+        try:
+            declared = int(content_length)
+        except ValueError:
+            raise ProtocolError(
+                f"Content-Length is {content_length[:40]!r}; expected a number of bytes."
+            ) from None
+        if declared > limit:
+            _raise_body_limit(limits, f"{declared} bytes ({declared / MIB:.1f} MiB)")
+    body = bytearray()
+    async for chunk in chunks:
+        body += chunk
+        if len(body) > limit:
+            _raise_body_limit(limits, f"{len(body)} bytes so far")
+    return body
+
+
 # -- infer requests ----------------------------------------------------------------------------
 @dataclass
 class InferRequest:
@@ -171,33 +251,37 @@ class InferRequest:
 
 
 def parse_request(
-    body: bytes,
+    body: bytes | bytearray,
     model: ServedModel,
     header_length: str | None = None,
     content_encoding: str | None = None,
+    limits: Limits = Limits(),  # noqa: B008 - frozen: one shared value is safe
 ) -> InferRequest:
     """The request `body` (with the values of its `Inference-Header-Content-Length` and
-    `Content-Encoding` headers) as the model's inputs. Raises ProtocolError (400) saying what
-    does not fit."""
-    body = _decompressed(body, content_encoding)
+    `Content-Encoding` headers) as the model's inputs. Raises ProtocolError saying what does
+    not fit: 400, or 413 past one of `limits`, 415 for an encoding other than gzip or
+    deflate. Every size the request declares is checked before an array is built from it."""
+    if len(body) > limits.body_bytes:
+        _raise_body_limit(limits, f"{len(body)} bytes ({len(body) / MIB:.1f} MiB)")
+    body = _decompressed(body, content_encoding, limits)
     header, binary = _split(body, header_length)
     try:
         request = json.loads(header)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ProtocolError(f"The request is not valid JSON: {exc}.") from None
+    except RecursionError:
+        raise ProtocolError("The request's JSON is nested too deeply to be a request.") from None
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, an integer too long
+        raise ProtocolError(f"The request is not valid JSON: {str(exc)[:200]}.") from None
     if not isinstance(request, dict) or not isinstance(request.get("inputs"), list):
         raise ProtocolError(
             'The request must be a JSON object with "inputs": a list of tensors, each '
             '{"name", "shape", "datatype", "data"}.'
         )
+    specs = {spec.name: spec for spec in model.inputs}
     named: dict[str, np.ndarray] = {}
     offset = 0
     for tensor in request["inputs"]:
-        array, used = _input_array(tensor, binary, offset)
+        name, array, used = _input_array(tensor, model, specs, limits, binary, offset)
         offset += used
-        if array is None:
-            continue
-        name = tensor["name"]
         if name in named:
             raise ProtocolError(f"Input '{name}' is given twice.")
         named[name] = array
@@ -205,13 +289,6 @@ def parse_request(
         raise ProtocolError(
             f"The request carries {len(binary)} bytes of binary data after its JSON header, but "
             f"its inputs' binary_data_size add up to {offset}."
-        )
-    known = {spec.name for spec in model.inputs}
-    unknown = [name for name in named if name not in known]
-    if unknown:
-        raise ProtocolError(
-            f"Unknown input {', '.join(map(repr, unknown))}. The model takes: "
-            f"{model.describe_inputs()}."
         )
     try:
         arrays = model.check(named, cast=False)
@@ -225,21 +302,58 @@ def parse_request(
     )
 
 
-def _decompressed(body: bytes, content_encoding: str | None) -> bytes:
-    encoding = (content_encoding or "identity").lower()
+def _decompressed(body: bytes | bytearray, content_encoding: str | None, limits: Limits):
+    """The body decoded, in steps of at most 1 MiB of output, refused (413) as soon as it
+    passes `limits.max_decoded_mb`: a bomb costs that much memory, never what it expands to."""
+    encoding = (content_encoding or "identity").strip().lower()
+    limit = limits.decoded_bytes
+    if encoding == "identity":
+        if len(body) > limit:
+            _raise_decoded_limit(limits, f"The request body is {len(body)} bytes,")
+        return body
+    if encoding not in ("gzip", "deflate"):
+        raise ProtocolError(
+            f"Content-Encoding {encoding[:40]!r} is not supported: send gzip, deflate or an "
+            f"uncompressed body.",
+            415,
+        )
+    # gzip: one or more gzip members (as `gzip.decompress` reads them); deflate: zlib data
+    # (RFC 9110's "deflate"). The input goes in by slices, so that no step copies the rest.
+    wbits = 16 + zlib.MAX_WBITS if encoding == "gzip" else zlib.MAX_WBITS
+    out = bytearray()
+    rest = memoryview(body)
     try:
-        if encoding == "gzip":
-            return gzip.decompress(body)
-        if encoding == "deflate":
-            return zlib.decompress(body)
-    except (OSError, zlib.error) as exc:
+        while True:  # one gzip member (or the zlib stream) per turn
+            stream = zlib.decompressobj(wbits)
+            position = 0  # how much of `rest` went into `stream`
+            while not stream.eof:
+                pending = stream.unconsumed_tail
+                if not pending and position < len(rest):
+                    pending = rest[position : position + _DECOMPRESS_CHUNK]
+                    position += len(pending)
+                room = limit - len(out) + 1  # one byte past the limit tells it was passed
+                piece = stream.decompress(pending, min(room, _DECOMPRESS_CHUNK))
+                out += piece
+                if len(out) > limit:
+                    _raise_decoded_limit(limits, f"The request body decodes ({encoding}) to")
+                if not (piece or stream.eof or stream.unconsumed_tail or position < len(rest)):
+                    raise ProtocolError(
+                        f"The request body is not valid {encoding} data: it ends before the "
+                        f"end of the compressed stream."
+                    )
+            rest = rest[position - len(stream.unused_data) :]
+            if encoding == "deflate" or rest[:2] != b"\x1f\x8b":  # no further gzip member
+                break
+    except zlib.error as exc:
         raise ProtocolError(f"The request body is not valid {encoding} data: {exc}.") from None
-    if encoding != "identity":
-        raise ProtocolError(f"Content-Encoding {encoding!r} is not supported (gzip, deflate).")
-    return body
+    if rest:
+        raise ProtocolError(
+            f"The request body has {len(rest)} bytes after the end of its {encoding} data."
+        )
+    return out
 
 
-def _split(body: bytes, header_length: str | None) -> tuple[bytes, memoryview]:
+def _split(body: bytes | bytearray, header_length: str | None) -> tuple[bytes, memoryview]:
     if header_length is None:
         return body, memoryview(b"")
     try:
@@ -248,43 +362,98 @@ def _split(body: bytes, header_length: str | None) -> tuple[bytes, memoryview]:
         length = -1
     if not 0 <= length <= len(body):
         raise ProtocolError(
-            f"{BINARY_HEADER} is {header_length!r}; expected the length in bytes of the JSON "
-            f"header, at most the body's {len(body)} bytes."
+            f"{BINARY_HEADER} is {header_length[:40]!r}; expected the length in bytes of the "
+            f"JSON header, at most the body's {len(body)} bytes."
         )
     return body[:length], memoryview(body)[length:]
 
 
-def _input_array(tensor: object, binary: memoryview, offset: int) -> tuple[np.ndarray, int]:
-    """One input tensor of the request as an array, and how many binary bytes it used."""
+def _short(value: object, limit: int = 120) -> str:
+    """`value` as text for a message, cut to `limit` characters: the request wrote it."""
+    text = str(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _input_array(
+    tensor: object,
+    model: ServedModel,
+    specs: dict[str, TensorSpec],
+    limits: Limits,
+    binary: memoryview,
+    offset: int,
+) -> tuple[str, np.ndarray, int]:
+    """One input tensor of the request: its name, its array, and how many binary bytes it
+    used. Its name, shape, datatype and sizes are checked against the model's input and
+    `limits` first; the array is built (or viewed in the binary data) only then."""
     if not isinstance(tensor, dict) or not isinstance(tensor.get("name"), str):
         raise ProtocolError(
             f'Each input must be an object with "name", "shape", "datatype" and "data" (or '
-            f"binary_data_size). Received: {str(tensor)[:120]}."
+            f"binary_data_size). Received: {_short(tensor)}."
         )
     name = tensor["name"]
+    spec = specs.get(name)
+    if spec is None:
+        raise ProtocolError(
+            f"Unknown input {_short(repr(name))}. The model takes: {model.describe_inputs()}."
+        )
     shape = tensor.get("shape")
     if not isinstance(shape, list) or not all(
         isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
     ):
-        raise ProtocolError(f"Input '{name}' has shape {shape!r}; expected a list of sizes >= 0.")
-    kind = tensor.get("datatype")
-    if kind in _UNSUPPORTED:
-        raise ProtocolError(f"Input '{name}': {_UNSUPPORTED[kind]}.")
-    if kind not in _DATATYPES:
         raise ProtocolError(
-            f"Input '{name}' has datatype {kind!r}; expected one of {', '.join(_DATATYPES)}."
+            f"Input '{name}' has shape {_short(shape)}; expected a list of sizes >= 0."
+        )
+    try:  # rank and fixed dimensions first: the sizes below multiply at most `rank` numbers
+        check_shape(spec, shape)
+    except InputError as exc:
+        raise ProtocolError(_short(str(exc), 400)) from None
+    kind = tensor.get("datatype")
+    if isinstance(kind, str) and kind in _UNSUPPORTED:
+        raise ProtocolError(f"Input '{name}': {_UNSUPPORTED[kind]}.")
+    if not isinstance(kind, str) or kind not in _DATATYPES:
+        raise ProtocolError(
+            f"Input '{name}' has datatype {_short(repr(kind))}; expected one of "
+            f"{', '.join(_DATATYPES)} (the model takes {datatype(spec.dtype)})."
         )
     dtype = _DATATYPES[kind]
+    if dtype != spec.dtype:
+        raise ProtocolError(
+            f"Input '{name}' has dtype {dtype.name}; the model takes {spec.dtype.name} "
+            f"(datatype {datatype(spec.dtype)}; {spec.describe()})."
+        )
+    batch_free = bool(spec.shape) and spec.shape[0] is None
+    if batch_free and limits.max_batch_size is not None and shape[0] > limits.max_batch_size:
+        raise ProtocolError(
+            f"Input '{name}' has a batch of {_short(shape[0])} samples; this deployment takes "
+            f"at most {limits.max_batch_size} per request (its max_batch_size). Split the "
+            f"request, or raise max_batch_size= in infertune.ray.deployment(...), "
+            f"--max-batch-size in infertune serve."
+        )
     count = math.prod(shape)
-    parameters = tensor.get("parameters") or {}
+    if count == 0:
+        raise ProtocolError(
+            f"Input '{name}' has shape {shape}: no values. Every dimension must be at least 1."
+        )
+    nbytes = count * dtype.itemsize
+    if nbytes > limits.decoded_bytes:
+        # str() of an int stops at 4300 digits: a shape of JSON's largest ints passes that.
+        size = f"{nbytes} bytes" if nbytes < 2**64 else "more than 2**64 bytes"
+        _raise_decoded_limit(limits, f"Input '{name}' ({kind}, shape {_short(shape)}) is {size},")
+    parameters = tensor.get("parameters")
+    if parameters is None:
+        parameters = {}
+    if not isinstance(parameters, dict):
+        raise ProtocolError(
+            f"Input '{name}' has parameters {_short(parameters)}; expected an object."
+        )
     if "shared_memory_region" in parameters:
         raise ProtocolError(f"Input '{name}': shared memory is not supported; send the data.")
     size = parameters.get("binary_data_size")
     if size is not None:
-        if not isinstance(size, int) or size != count * dtype.itemsize:
+        if isinstance(size, bool) or not isinstance(size, int) or size != nbytes:
             raise ProtocolError(
-                f"Input '{name}' ({kind}, shape {shape}) needs {count * dtype.itemsize} bytes of "
-                f"binary data; its binary_data_size is {size!r}."
+                f"Input '{name}' ({kind}, shape {shape}) needs {nbytes} bytes of binary data; "
+                f"its binary_data_size is {_short(repr(size))}."
             )
         if offset + size > len(binary):
             raise ProtocolError(
@@ -292,22 +461,31 @@ def _input_array(tensor: object, binary: memoryview, offset: int) -> tuple[np.nd
                 f"bytes of binary data are left in the request."
             )
         array = np.frombuffer(binary[offset : offset + size], dtype=dtype).reshape(shape)
-        return array.astype(dtype.newbyteorder("="), copy=False), size
+        return name, array.astype(dtype.newbyteorder("="), copy=False), size
     if "data" not in tensor:
         raise ProtocolError(f"Input '{name}' has neither \"data\" nor binary_data_size.")
+    # The data are already parsed JSON, inside the decoded limit: the array is no larger.
     try:
         array = np.array(tensor["data"], dtype=dtype)
-    except (ValueError, TypeError, OverflowError) as exc:
-        raise ProtocolError(f"Input '{name}': its data are not {kind} values ({exc}).") from None
+    except (ValueError, TypeError, OverflowError, RecursionError) as exc:
+        raise ProtocolError(
+            f"Input '{name}': its data are not {kind} values ({_short(exc, 200)})."
+        ) from None
     if array.size != count:
         raise ProtocolError(
             f"Input '{name}' has {array.size} values in its data; its shape {shape} needs {count}."
         )
-    return array.reshape(shape), 0
+    return name, array.reshape(shape), 0
 
 
 def _requested_outputs(request: dict, model: ServedModel) -> list[tuple[int, bool]]:
-    parameters = request.get("parameters") or {}
+    parameters = request.get("parameters")
+    if parameters is None:
+        parameters = {}
+    if not isinstance(parameters, dict):
+        raise ProtocolError(
+            f'The request\'s "parameters" is {_short(parameters)}; expected an object.'
+        )
     binary_default = bool(parameters.get("binary_data_output", False))
     index = {spec.name: i for i, spec in enumerate(model.outputs)}
     wanted = request.get("outputs")
@@ -318,12 +496,18 @@ def _requested_outputs(request: dict, model: ServedModel) -> list[tuple[int, boo
     requested = []
     for output in wanted:
         name = output.get("name") if isinstance(output, dict) else None
-        if name not in index:
+        if not isinstance(name, str) or name not in index:
             raise ProtocolError(
-                f"Unknown output {name!r}. The model's outputs: "
+                f"Unknown output {_short(repr(name))}. The model's outputs: "
                 f"{', '.join(spec.describe() for spec in model.outputs)}."
             )
-        options = output.get("parameters") or {}
+        options = output.get("parameters")
+        if options is None:
+            options = {}
+        if not isinstance(options, dict):
+            raise ProtocolError(
+                f"Output '{name}' has parameters {_short(options)}; expected an object."
+            )
         if "shared_memory_region" in options:
             raise ProtocolError(f"Output '{name}': shared memory is not supported.")
         requested.append((index[name], bool(options.get("binary_data", binary_default))))

@@ -27,7 +27,7 @@ from ..paths import user_path
 from ..result.calling import flat_runner
 from ..result.saved import open_saved, restore
 
-__all__ = ["ServedModel", "TensorSpec"]
+__all__ = ["ServedModel", "TensorSpec", "check_shape"]
 
 
 class ServedModel:
@@ -113,14 +113,7 @@ class ServedModel:
                     f"takes {spec.dtype.name} ({spec.describe()})."
                 )
             array = array.astype(spec.dtype)
-        fits = array.ndim == len(spec.shape) and all(
-            want is None or want == got for want, got in zip(spec.shape, array.shape)
-        )
-        if not fits:
-            raise InputError(
-                f"{kind.capitalize()} '{spec.name}' has shape {tuple(array.shape)}; the model "
-                f"takes {spec.describe()} (None: any size)."
-            )
+        check_shape(spec, array.shape, kind)
         return array
 
     def run(self, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
@@ -131,12 +124,15 @@ class ServedModel:
         self,
         requests: Sequence[Sequence[np.ndarray]],
         record: Callable[[int, int], None] | None = None,
+        max_samples: int | None = None,
     ) -> list[list[np.ndarray]]:
         """Several requests' checked inputs; each request's outputs, in order.
 
         Requests whose non-batch shapes agree run as one concatenated batch where the model
-        batches them (`batches_requests`); the others run one by one. `record(samples, ns)`,
-        if given, is called after each run of the model with its batch size and duration.
+        batches them (`batches_requests`), of at most `max_samples` samples (None: any; a
+        request larger than that runs alone): the model never runs at a batch larger than
+        the server allows. The others run one by one. `record(samples, ns)`, if given, is
+        called after each run of the model with its batch size and duration.
         """
         if len(requests) == 1 or not self.batches_requests:
             groups = [[index] for index in range(len(requests))]
@@ -144,7 +140,9 @@ class ServedModel:
             by_shape: dict[tuple, list[int]] = {}
             for index, request in enumerate(requests):
                 by_shape.setdefault(tuple(a.shape[1:] for a in request), []).append(index)
-            groups = list(by_shape.values())
+            groups = []
+            for indices in by_shape.values():
+                groups += _runs(indices, [requests[i][0].shape[0] for i in indices], max_samples)
         results: list[list[np.ndarray]] = [[] for _ in requests]
         for indices in groups:
             if len(indices) == 1:
@@ -170,3 +168,31 @@ class ServedModel:
 
     def close(self) -> None:
         self._choice.close()
+
+
+def _runs(indices: list[int], samples: list[int], most: int | None) -> list[list[int]]:
+    """`indices` in order, cut into runs of at most `most` samples in all (None: one run)."""
+    if most is None:
+        return [indices]
+    runs: list[list[int]] = []
+    total = most + 1
+    for index, count in zip(indices, samples):
+        if total + count > most:
+            runs.append([])
+            total = 0
+        runs[-1].append(index)
+        total += count
+    return runs
+
+
+def check_shape(spec: TensorSpec, shape: Sequence[int], kind: str = "input") -> None:
+    """Raises InputError unless `shape` has the rank and the fixed dimensions of `spec`: on an
+    array, or on the shape a request declares before any array is built from it."""
+    fits = len(shape) == len(spec.shape) and all(
+        want is None or want == got for want, got in zip(spec.shape, shape)
+    )
+    if not fits:
+        raise InputError(
+            f"{kind.capitalize()} '{spec.name}' has shape {tuple(shape)}; the model takes "
+            f"{spec.describe()} (None: any size)."
+        )
