@@ -497,3 +497,21 @@ def test_ray_serve_under_a_burst_of_bad_requests_and_a_killed_replica(local_ray,
               f"answers again {recovered_at - kill_at:.1f} s after the kill")  # fmt: skip
     finally:
         serve.shutdown()
+
+
+def test_a_replica_runs_as_many_batches_at_once_as_the_result_was_tuned_for(tmp_path):
+    """optimize(concurrency=3): the served model says 3, and the deployment gives Ray Serve
+    room for three batches running and one filling."""
+    from conftest import dense_model
+
+    from infertune.deploy.served import ServedModel
+
+    x = np.random.default_rng(0).standard_normal((4, 6)).astype("float32")
+    opt = infertune.optimize(
+        dense_model(), x, backends=["onnxruntime-cpu"], concurrency=3, isolation="off",
+        verbose=False,
+    )  # fmt: skip
+    saved = opt.save(tmp_path / "tuned3")
+    assert ServedModel(saved).concurrency == 3
+    app = infertune.ray.deployment(saved, max_batch_size=8)
+    assert app._bound_deployment.max_ongoing_requests == 4 * 8

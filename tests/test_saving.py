@@ -141,9 +141,7 @@ def test_a_newer_format_or_a_foreign_directory_is_refused(ort_copy, tmp_path):
     manifest = json.loads((ort_copy / "manifest.json").read_text())
     manifest["format_version"] = 99
     (ort_copy / "manifest.json").write_text(json.dumps(manifest))
-    with pytest.raises(
-        infertune.ArtifactError, match="format version 99 .* a newer infertune"
-    ):
+    with pytest.raises(infertune.ArtifactError, match="format version 99 .* a newer infertune"):
         infertune.load(ort_copy)
     with pytest.raises(infertune.ArtifactError, match="has no manifest.json"):
         infertune.load(tmp_path)

@@ -144,15 +144,20 @@ class OpenInferenceServer:
                  limits: Limits):  # fmt: skip
         self._model = ServedModel(path)
         self._max_batch_size = max_batch_size
+        # As many batches run at once as the result was tuned for callers
+        # (optimize(concurrency=N)), each in a worker thread of its own; one more fills
+        # meanwhile. The batcher is made here, where N is known, not at class definition.
+        self.infer_batch = serve.batch(
+            max_batch_size=max_batch_size,
+            batch_wait_timeout_s=batch_wait_timeout_s,
+            max_concurrent_batches=self._model.concurrency,
+        )(self._infer)
         self._endpoints = InferenceEndpoints(self._model, name, limits, self.infer_batch)
-        self.infer_batch.set_max_batch_size(max_batch_size)
-        self.infer_batch.set_batch_wait_timeout_s(batch_wait_timeout_s)
 
     async def __call__(self, request: Request) -> Response:
         return await self._endpoints(request)
 
-    @serve.batch(max_batch_size=DEFAULT_MAX_BATCH_SIZE, batch_wait_timeout_s=0.005)
-    async def infer_batch(self, requests: list[list[np.ndarray]]) -> list[list[np.ndarray]]:
+    async def _infer(self, requests: list[list[np.ndarray]]) -> list[list[np.ndarray]]:
         """The inputs of concurrent requests; their outputs, in the same order. The model runs
         in a worker thread, so the replica goes on reading requests for the next batch."""
         return await asyncio.to_thread(
@@ -176,6 +181,10 @@ def deployment(
     """A Ray Serve application serving the result saved in `path` over the Open Inference
     Protocol v2 (as Triton does): `serve.run(deployment(path))`.
 
+    Each replica runs as many batches at once as the result was tuned for callers
+    (`optimize(..., concurrency=N)`: N batches, each in a thread of its own; 1 by default),
+    and takes up to (N + 1) x max_batch_size requests (Ray Serve's `max_ongoing_requests`).
+
     Args:
         path: a directory written by `Optimized.save()`. Every replica loads it with
             `infertune.load`, so on a cluster it must be readable at this path on every node
@@ -193,7 +202,7 @@ def deployment(
             stops there and the request gets 413. Default 64.
     """
     path = user_path(path).resolve()
-    read_manifest(path)  # a wrong path fails here, not in every replica
+    read_manifest(path)  # a wrong path fails here, not in every replica (and gives N below)
     name = served_name(path, name)
     for option, value in (("max_batch_size", max_batch_size), ("num_replicas", num_replicas)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -209,9 +218,11 @@ def deployment(
                 f"{option} must be a number of MiB > 0 (default 64). Received: {option}={value!r}."
             )
     limits = Limits(float(max_body_mb), float(max_decoded_mb), max_batch_size)
-    # One batch runs while the next one fills: room for two batches of requests per replica.
+    # The batches the result was tuned to run at once, and one more filling meanwhile: room
+    # for that many batches of requests per replica.
+    concurrency = read_manifest(path)["options"].get("concurrency", 1)
     return OpenInferenceServer.options(
-        num_replicas=num_replicas, max_ongoing_requests=2 * max_batch_size
+        num_replicas=num_replicas, max_ongoing_requests=(concurrency + 1) * max_batch_size
     ).bind(str(path), name, max_batch_size, float(batch_wait_timeout_s), limits)
 
 

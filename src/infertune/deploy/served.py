@@ -57,6 +57,9 @@ class ServedModel:
                 stacklevel=2,
             )
         self._choice, self.report = restore(saved)
+        # The callers it was tuned for (optimize(concurrency=N)): how many batches a server
+        # runs at once.
+        self.concurrency = int(saved.manifest["options"].get("concurrency", 1))
         signature = self._choice.inputs
         self.inputs = [TensorSpec(s.name, s.dtype, s.shape) for s in signature.specs]
         self.outputs = list(self._choice.outputs.specs)
