@@ -2,13 +2,17 @@
 choice and every runtime called by hand with each thread setting, all measured under the
 same N callers in one interleaved run (infertune's measurement engine, `callers=N`).
 
-For each model and N in 1, 2, 4, 8: optimize(model, x, concurrency=N) is timed against the
-result of optimize(model, x) (one caller) and the by-hand runtimes: ONNX Runtime with its
-default threads and with one thread (one session shared by the callers: its run() is
-thread-safe), LiteRT with one and with every core's threads (an interpreter per caller: one
-runs one call at a time), OpenVINO f32 with the LATENCY and the THROUGHPUT hint (one
-compiled model, an infer request per caller) and tf.function. The figure is samples per
-second in total. Target: at every N, infertune within 1.05x of the best by hand.
+Each model runs in a child process of its own: what one model's runtimes leave behind in a
+process (OpenVINO's stream threads, by-hand interpreters) must not slow the next one's
+measurement (it did: the transformer's 2-thread LiteRT ran 1.7x slower after two other
+models in the same process). For each model and N in 1, 2, 4, 8,
+optimize(model, x, concurrency=N) is timed against the result of optimize(model, x) (one
+caller) and the by-hand runtimes: ONNX Runtime with its default threads and with one thread
+(one session shared by the callers: its run() is thread-safe), LiteRT with one and with
+every core's threads (an interpreter per caller: one runs one call at a time), OpenVINO f32
+with the LATENCY and the THROUGHPUT hint (one compiled model, an infer request per caller)
+and tf.function. The figure is samples per second in total. Target: at every N, infertune
+within 1.05x of the best by hand.
 
     python benchmarks/concurrency.py [--models small-cnn,mobilenet-v2-96,transformer]
                                      [--callers 1,2,4,8] [--budget 3] [--out DIR]
@@ -17,7 +21,11 @@ second in total. Target: at every N, infertune within 1.05x of the best by hand.
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import subprocess
+import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -190,11 +198,25 @@ def main() -> int:
     parser.add_argument("--callers", default="1,2,4,8")
     parser.add_argument("--budget", type=float, default=3.0, help="measurement s per run")
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--child-out", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     env = collect_environment()
     print(machine_description(env))
     callers = [int(n) for n in args.callers.split(",")]
-    rows = [row for name in args.models.split(",") for row in run_model(name, callers, args.budget)]
+    if args.child:  # one model in this process: what a runtime leaves behind stays here
+        args.child_out.write_text(json.dumps(run_model(args.child, callers, args.budget)))
+        return 0
+    rows = []
+    for name in args.models.split(","):
+        with tempfile.TemporaryDirectory() as tmp:
+            out = Path(tmp) / "rows.json"
+            subprocess.run(
+                [sys.executable, __file__, "--child", name, "--child-out", str(out),
+                 "--callers", args.callers, "--budget", str(args.budget)],
+                check=True,
+            )  # fmt: skip
+            rows += json.loads(out.read_text())
     text = table(rows)
     print(text)
     targets = [

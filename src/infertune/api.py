@@ -79,7 +79,8 @@ def optimize(
         concurrency: how many callers call the result at once (a web server's worker
             threads, requests in flight). Every candidate is measured with that many threads
             calling it together, its latency per call under that load and its samples/s in
-            total, and the objective chooses under that load; variants that share the cores
+            total, and candidates are ranked by their mean call under that load (N / the
+            calls per second in total), whatever the objective; variants that share the cores
             better (fewer threads per call, no spinning) are among the candidates. 1 (the
             default): one caller; the report then says in one line where two or four callers
             would be served better by another candidate.
