@@ -169,3 +169,18 @@ def test_optimize_measures_and_keeps_the_concurrency(tmp_path):
 def test_concurrency_must_be_a_positive_integer(bad):
     with pytest.raises(infertune.OptionError, match="concurrency must be an integer"):
         infertune.optimize(dict_model(), dict_sample(np.random.default_rng(0)), concurrency=bad)
+
+
+def test_concurrency_combines_with_batch_sizes_and_a_latency_budget():
+    """Every tuned batch size is measured under the callers, and the latency budget is met
+    (or not) by the p99 under that load."""
+    model = dict_model()
+    sample = dict_sample(np.random.default_rng(0))
+    opt = infertune.optimize(
+        model, sample, backends=["onnxruntime-cpu"], concurrency=2, batch_sizes=[1, 8],
+        objective="throughput", latency_budget_ms=1000.0, time_budget_s=60, verbose=False,
+    )  # fmt: skip
+    assert [b.batch_size for b in opt.report.batches] == [1, 4, 8]
+    for batch in opt.report.batches:
+        assert all(stats.callers == 2 for stats in batch.latency.values())
+    assert opt.report.max_batch_size_within_budget == 8  # 1 s: far above a tiny model's p99
