@@ -439,13 +439,7 @@ def _input_array(
         # str() of an int stops at 4300 digits: a shape of JSON's largest ints passes that.
         size = f"{nbytes} bytes" if nbytes < 2**64 else "more than 2**64 bytes"
         _raise_decoded_limit(limits, f"Input '{name}' ({kind}, shape {_short(shape)}) is {size},")
-    parameters = tensor.get("parameters")
-    if parameters is None:
-        parameters = {}
-    if not isinstance(parameters, dict):
-        raise ProtocolError(
-            f"Input '{name}' has parameters {_short(parameters)}; expected an object."
-        )
+    parameters = _parameters(tensor, f"Input '{name}' has parameters")
     if "shared_memory_region" in parameters:
         raise ProtocolError(f"Input '{name}': shared memory is not supported; send the data.")
     size = parameters.get("binary_data_size")
@@ -478,14 +472,19 @@ def _input_array(
     return name, array.reshape(shape), 0
 
 
-def _requested_outputs(request: dict, model: ServedModel) -> list[tuple[int, bool]]:
-    parameters = request.get("parameters")
+def _parameters(holder: dict, words: str) -> dict:
+    """`holder`'s "parameters" ({} where absent); ProtocolError "<words> ...; expected an
+    object" where it is not one."""
+    parameters = holder.get("parameters")
     if parameters is None:
-        parameters = {}
+        return {}
     if not isinstance(parameters, dict):
-        raise ProtocolError(
-            f'The request\'s "parameters" is {_short(parameters)}; expected an object.'
-        )
+        raise ProtocolError(f"{words} {_short(parameters)}; expected an object.")
+    return parameters
+
+
+def _requested_outputs(request: dict, model: ServedModel) -> list[tuple[int, bool]]:
+    parameters = _parameters(request, 'The request\'s "parameters" is')
     binary_default = bool(parameters.get("binary_data_output", False))
     index = {spec.name: i for i, spec in enumerate(model.outputs)}
     wanted = request.get("outputs")
@@ -501,13 +500,7 @@ def _requested_outputs(request: dict, model: ServedModel) -> list[tuple[int, boo
                 f"Unknown output {_short(repr(name))}. The model's outputs: "
                 f"{', '.join(spec.describe() for spec in model.outputs)}."
             )
-        options = output.get("parameters")
-        if options is None:
-            options = {}
-        if not isinstance(options, dict):
-            raise ProtocolError(
-                f"Output '{name}' has parameters {_short(options)}; expected an object."
-            )
+        options = _parameters(output, f"Output '{name}' has parameters")
         if "shared_memory_region" in options:
             raise ProtocolError(f"Output '{name}': shared memory is not supported.")
         requested.append((index[name], bool(options.get("binary_data", binary_default))))
