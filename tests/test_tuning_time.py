@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import io
 import json
+import threading
 import time
 from collections import Counter
 
@@ -15,10 +16,12 @@ from conftest import conv_model, dense_model, flatten_cnn, prepared_backend
 from crashing_backends import RaisesInChild, SegfaultsAtFirstCall
 
 import infertune
+from infertune.backends.base import Backend
 from infertune.backends.litert import LiteRT, _convert, _Interpreters, _ops, reads_shapes
 from infertune.inputs import build_signature
 from infertune.machine import PEAK_EVERY, MachineRecord
 from infertune.models import load_model
+from infertune.options import known_backends
 from infertune.pipeline.diagnosis import machine_peak
 from infertune.pipeline.isolation import CandidateCrashed, Isolation, RehearsalError
 from infertune.pipeline.planning import Probe, estimate_s, order_candidates
@@ -99,6 +102,24 @@ def test_progress_says_the_breakdown(capsys):
 
 
 # -- the time budget ------------------------------------------------------------------------
+class _OutlastsTheBudget(Backend):
+    """A candidate whose first call takes a minute: the budget must abandon it, whatever the
+    machine's speed (every real candidate of a tiny model may fit in 4 s on a fast one)."""
+
+    name = "outlasts-the-budget"
+
+    def __init__(self):
+        super().__init__()
+        self.release = threading.Event()
+
+    def prepare(self, target: Target) -> None:
+        pass
+
+    def run(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
+        self.release.wait(60)
+        raise RuntimeError("released")
+
+
 def test_a_small_budget_is_kept_and_what_it_skipped_says_why(monkeypatch):
     monkeypatch.setenv("INFERTUNE_MACHINE_FILE", "off")  # no history: the built-in order
     sample = np.random.default_rng(0).standard_normal((4, 6)).astype("float32")
@@ -106,8 +127,14 @@ def test_a_small_budget_is_kept_and_what_it_skipped_says_why(monkeypatch):
     monkeypatch.setattr("sys.stderr", stream)
     budget = 4.0
     model = dense_model()
+    slow = _OutlastsTheBudget()
     start = time.perf_counter()
-    opt = infertune.optimize(model, sample, time_budget_s=budget, verbose=True)
+    try:
+        opt = infertune.optimize(
+            model, sample, backends=[*known_backends(), slow], time_budget_s=budget, verbose=True
+        )
+    finally:
+        slow.release.set()  # let the abandoned thread end
     took = time.perf_counter() - start
     report = opt.report
     first_call_s = report.candidates[0].first_call_ms / 1e3
@@ -116,7 +143,9 @@ def test_a_small_budget_is_kept_and_what_it_skipped_says_why(monkeypatch):
     # candidates and the report on a busy two-core machine.
     assert took <= budget + first_call_s + 2.0, (took, report.stages.summary())
     skipped = [c for c in report.candidates if "time_budget_s" in c.reason]
-    assert skipped, [(c.name, c.status, c.reason) for c in report.candidates]
+    assert slow.name in [c.name for c in skipped], [
+        (c.name, c.status, c.reason) for c in report.candidates
+    ]
     for c in skipped:
         assert c.status == "skipped"
         assert "time_budget_s=4" in c.reason and (" s" in c.reason or "ran out" in c.reason)
