@@ -89,17 +89,16 @@ def test_an_op_tf2onnx_cannot_convert_is_named_in_the_reason(rng):
 def test_the_error_of_a_failing_tf2onnx_handler_is_in_the_reason(rng):
     import tensorflow as tf
 
-    class WeightedBincount(tf.Module):
-        @tf.function(
-            input_signature=[[tf.TensorSpec((None, 5), tf.int32), tf.TensorSpec((None, 5))]]
-        )
-        def __call__(self, inputs):
-            ids, weights = inputs  # tf2onnx's DenseBincount handler refuses weights
-            return tf.math.bincount(ids, weights=weights, minlength=8, maxlength=8, axis=-1)
+    class SpectrumAngle(tf.Module):
+        @tf.function(input_signature=[tf.TensorSpec((None, 64))])
+        def __call__(self, x):
+            # tf2onnx's RFFT handler takes only ComplexAbs as its consumer (which rewrites.py
+            # rewrites, with Real and Imag): the phase has no exact rewrite there.
+            return tf.math.angle(tf.signal.rfft(x))
 
-    sample = [rng.integers(0, 8, (3, 5)).astype("int32"), rng.random((3, 5)).astype("float32")]
-    with pytest.raises(RuntimeError, match=r"op DenseBincount \(at .+: .*Non-empty weights"):
-        exported_graph(WeightedBincount(), sample)
+    sample = rng.random((3, 64)).astype("float32")
+    with pytest.raises(RuntimeError, match=r"ops RFFT \(at .+: .*only allows ComplexAbs"):
+        exported_graph(SpectrumAngle(), sample)
 
 
 def gru_model():

@@ -32,6 +32,7 @@ import numpy as np
 
 from ..environment import install_hint, usable_cores
 from ..errors import one_line
+from ..export.rewrites import rewriting_for_tflite
 from ..models import tensor_specs
 from ..quiet import stderr_without
 from .base import Backend, Target
@@ -111,6 +112,7 @@ class LiteRT(Backend):
                 raise
             self._convert_exact_only(target, exc)
             return
+        _note_rewrites(target, self._converted)
         if not free_dimensions:
             return  # the model fixes every dimension: the first conversion is the fixed one
         free = self._converted
@@ -130,6 +132,7 @@ class LiteRT(Backend):
                 f"shapes: {_converter_error(exc)})"
             ) from free_error
         self._converted = None
+        _note_rewrites(target, self._fixed)
         self.exact_shapes = target.signature.concrete_shapes()
         self.exact_reason = (
             f"its conversion with free dimensions failed: {_converter_error(free_error)}"
@@ -455,6 +458,7 @@ class Converted:
 
     content: bytes
     output_names: tuple[str, ...]
+    rewrites: tuple[str, ...] = ()  # notes of the exact rewrites made (rewrites.py)
 
 
 def _convert(target: Target, fixed: bool = False) -> Converted:
@@ -476,15 +480,15 @@ def _convert(target: Target, fixed: bool = False) -> Converted:
     # (freeze the variables, convert the graph): tensors keep their graph names (in_0,
     # Identity_1), and there is no SavedModel round trip through a temporary directory.
     converter = tf.lite.TFLiteConverter.from_concrete_functions([concrete], function)
-    converter._freeze_concrete_function = partial(
-        _frozen, concrete, converter._freeze_concrete_function
-    )
+    freeze = partial(_frozen, concrete, converter._freeze_concrete_function)
+    rewritten: list[str] = []  # the ops the converter rejects, rewritten (rewrites.py)
+    converter._freeze_concrete_function = rewriting_for_tflite(freeze, rewritten)
     converter.optimizations = []  # no quantization: float32 weights and arithmetic
     # Builtin ops only: an op without a builtin kernel fails the conversion here, rather than
     # needing TensorFlow's kernels (SELECT_TF_OPS) inside the interpreter.
     converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS]
     names = tuple(_tensor_name(tensor.name) for tensor in concrete.outputs)
-    return Converted(converter.convert(), names)
+    return Converted(converter.convert(), names, tuple(rewritten))
 
 
 def _frozen(concrete: Any, converters_own: Callable[[], tuple]) -> tuple[Any, list, list, Any]:
@@ -516,6 +520,11 @@ def _frozen(concrete: Any, converters_own: Callable[[], tuple]) -> tuple[Any, li
     return graph_def, inputs, list(concrete.outputs), None
 
 
+def _note_rewrites(target: Target, converted: Converted) -> None:
+    """The conversion's exact rewrites, in the report's notes once (every variant shares it)."""
+    target.notes.extend(note for note in converted.rewrites if note not in target.notes)
+
+
 def _converter_error(exc: Exception) -> str:
     """The converter's error in one line: its first MLIR diagnostic ("error: 'tf.X' op ...")
     without the source location that precedes it (a path into TensorFlow's own files)."""
@@ -535,11 +544,13 @@ def build_conversion(target: Target) -> Converted:
 def write_conversion(converted: Converted, directory: Path) -> None:
     (directory / "model.tflite").write_bytes(converted.content)
     (directory / "output_names.json").write_text(json.dumps(list(converted.output_names)))
+    (directory / "rewrites.json").write_text(json.dumps(list(converted.rewrites)))
 
 
 def read_conversion(directory: Path) -> Converted:
     names = tuple(json.loads((directory / "output_names.json").read_text()))
-    return Converted((directory / "model.tflite").read_bytes(), names)
+    rewrites = tuple(json.loads((directory / "rewrites.json").read_text()))
+    return Converted((directory / "model.tflite").read_bytes(), names, rewrites)
 
 
 def _convert_fixed(target: Target, free: Converted) -> Converted | None:

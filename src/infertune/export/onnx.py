@@ -19,6 +19,7 @@ from typing import Any
 from ..errors import one_line
 from ..models import tensor_specs
 from ..target import Target
+from .rewrites import rewrite_for_onnx
 
 __all__ = ["OnnxExport", "export_onnx", "OPSET", "ONNX_FILE", "read_onnx", "write_onnx"]
 
@@ -73,7 +74,8 @@ def _convert(target: Target) -> OnnxExport:
     start = time.perf_counter()
     specs = tensor_specs(target.signature)
     _, concrete = target.traced()
-    model_proto = _to_onnx(concrete, specs)
+    rewritten: list[str] = []  # notes of the exact rewrites made (rewrites.py)
+    model_proto = _to_onnx(concrete, specs, rewritten)
     input_names = [node.name for node in model_proto.graph.input]
     output_names = [node.name for node in model_proto.graph.output]
     expected_inputs = [spec.name for spec in specs]
@@ -92,6 +94,7 @@ def _convert(target: Target) -> OnnxExport:
         raise RuntimeError(
             f"ONNX graph has {len(output_names)} outputs, the model {len(target.output_dtypes)}"
         )
+    target.notes.extend(rewritten)
     return OnnxExport(
         model_bytes=model_proto.SerializeToString(),
         input_names=input_names,
@@ -127,8 +130,10 @@ def parallel_width(graph: Any) -> int:
     return max(counts.values(), default=0)
 
 
-def _to_onnx(concrete: Any, specs: list) -> Any:
-    """The traced function as an ONNX ModelProto whose only inputs are the function's arguments.
+def _to_onnx(concrete: Any, specs: list, rewritten: list[str] | None = None) -> Any:
+    """The traced function as an ONNX ModelProto whose only inputs are the function's arguments;
+    the ops tf2onnx rejects that have an exact equivalent are rewritten first (rewrites.py),
+    each rewrite's note added to `rewritten`.
 
     tf2onnx's `convert.from_function` is not used: it takes every placeholder of the traced
     function as a graph input, and a Keras 3 layer that keeps constants as plain tensors
@@ -149,6 +154,9 @@ def _to_onnx(concrete: Any, specs: list) -> Any:
     renames = {name: spec.name for name, spec in zip(input_names, specs, strict=True)}
     with tf.device("/cpu:0"), _Tf2onnxErrors() as errors:
         graph_def = _frozen_graph_def(concrete, input_names, output_names)
+        graph_def, notes = rewrite_for_onnx(graph_def)
+        if rewritten is not None:
+            rewritten.extend(notes)
 
         def onnx_graph() -> Any:
             with tf.Graph().as_default() as tf_graph:

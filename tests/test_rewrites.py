@@ -1,0 +1,257 @@
+"""Exact rewrites: ops a converter rejects, converted through an equivalent it takes
+(export/rewrites.py), verified against the model and named in the report."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import numpy as np
+import pytest
+
+import infertune
+from infertune.export.rewrites import rewrite_for_onnx, rewrite_for_tflite
+
+needs_litert = pytest.mark.skipif(
+    importlib.util.find_spec("ai_edge_litert") is None, reason="ai-edge-litert not installed"
+)
+needs_onnxruntime = pytest.mark.skipif(
+    importlib.util.find_spec("onnxruntime") is None, reason="onnxruntime not installed"
+)
+
+
+def log_mel_layer():
+    """A custom layer computing a log-mel spectrogram: STFT (frame 256, step 128), magnitude,
+    a mel matrix, log. TensorFlow's ComplexAbs of an RFFT, which tf2onnx rejects."""
+    import keras
+    import tensorflow as tf
+
+    class LogMel(keras.layers.Layer):
+        def build(self, input_shape):
+            mel = tf.signal.linear_to_mel_weight_matrix(16, 129, 16000, 20.0, 8000.0).numpy()
+            self.mel = self.add_weight(
+                shape=mel.shape, initializer=keras.initializers.Constant(mel), trainable=False
+            )
+
+        def call(self, x):
+            magnitude = tf.abs(tf.signal.stft(x, frame_length=256, frame_step=128))
+            return tf.math.log(tf.matmul(magnitude, self.mel) + 1e-6)
+
+    return LogMel(name="log_mel")
+
+
+def audio_model():
+    """(batch, 2048 samples) -> log-mel (15 frames x 16 bins) -> Conv1D -> pooling -> Dense."""
+    import keras
+
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((2048,))
+    x = keras.layers.Conv1D(8, 3, activation="relu")(log_mel_layer()(inputs))
+    x = keras.layers.GlobalAveragePooling1D()(x)
+    return keras.Model(inputs, keras.layers.Dense(4)(x))
+
+
+def recommender(mode: str, weighted: bool = False):
+    """int64 item ids -> CategoryEncoding (TensorFlow's DenseBincount) -> Dense; with
+    `weighted`, a second input of per-id weights (count_weights)."""
+    import keras
+
+    keras.utils.set_random_seed(0)
+    ids = keras.Input((5,), dtype="int64", name="ids")
+    encoding = keras.layers.CategoryEncoding(num_tokens=20, output_mode=mode, name="encoding")
+    if weighted:
+        weights = keras.Input((5,), name="weights")
+        encoded = encoding(ids, count_weights=weights)
+        inputs = {"ids": ids, "weights": weights}
+    else:
+        encoded, inputs = encoding(ids), ids
+    return keras.Model(inputs, keras.layers.Dense(3)(encoded))
+
+
+def ids_sample(batch: int = 4) -> np.ndarray:
+    return np.random.default_rng(0).integers(0, 20, (batch, 5)).astype("int64")
+
+
+def passed(report, name: str) -> bool:
+    return report.candidate(name).status in ("ok", "selected")
+
+
+@needs_onnxruntime
+@needs_litert
+def test_the_log_mel_model_converts_to_onnx_and_every_candidate_is_verified():
+    sample = np.random.default_rng(0).standard_normal((2, 2048)).astype("float32")
+    opt = infertune.optimize(
+        audio_model(), sample, backends=["onnxruntime-cpu", "litert"], verbose=False
+    )
+    report = opt.report
+    assert passed(report, "onnxruntime-cpu") and passed(report, "litert"), str(report)
+    notes = [n for n in report.notes if "rewritten for ONNX" in n]
+    assert len(notes) == 1, report.notes
+    assert notes[0].startswith("RFFT + ComplexAbs (at ")
+    assert "log_mel" in notes[0]  # the node's scope names the layer
+    assert "sqrt(re^2 + im^2)" in notes[0]
+    # Where the ONNX export is rewritten, what the drop-in callable returns is the model's.
+    # 1e-4: the DFT as products sums in another order than TensorFlow's FFT (1e-6 relative
+    # on the spectrum, measured 2e-7 over the output), 100x below that still.
+    expected = audio_model()(sample).numpy()
+    np.testing.assert_allclose(opt(sample), expected, rtol=1e-4, atol=1e-5)
+
+
+@needs_onnxruntime
+@needs_litert
+@pytest.mark.parametrize("mode", ["multi_hot", "count"])
+def test_category_encoding_converts_to_tflite_and_is_verified(mode):
+    sample = ids_sample()
+    opt = infertune.optimize(
+        recommender(mode), sample, backends=["litert", "onnxruntime-cpu"], verbose=False
+    )
+    report = opt.report
+    assert passed(report, "litert") and passed(report, "onnxruntime-cpu"), str(report)
+    # Counts and multi-hot vectors are small integers in float32: exact, as is the Dense
+    # layer after them up to the order of its sums.
+    assert report.candidate("litert").max_rel_err < 1e-6
+    notes = [n for n in report.notes if "rewritten" in n]
+    kind = "Max (multi-hot)" if mode == "multi_hot" else "Sum (counts)"
+    assert len(notes) == 1, report.notes
+    assert notes[0].startswith("DenseBincount (at ")
+    assert "/encoding" in notes[0]  # the node's scope names the layer
+    assert notes[0].endswith(
+        f") rewritten for TFLite as OneHot + {kind}: an exact equivalent the converter takes"
+    )
+
+
+@needs_litert
+def test_a_conversion_rewritten_in_a_worker_process_says_so(monkeypatch):
+    # The TFLite conversion made in a worker process (tf_worker.py) brings its notes back.
+    monkeypatch.setenv("INFERTUNE_TF_WORKER", "always")
+    opt = infertune.optimize(
+        recommender("multi_hot"), ids_sample(), backends=["litert"], verbose=False
+    )
+    assert any("worker process beside this one" in note for note in opt.report.notes)
+    assert passed(opt.report, "litert"), str(opt.report)
+    assert any("rewritten for TFLite as OneHot + Max" in note for note in opt.report.notes)
+
+
+@needs_onnxruntime
+@needs_litert
+def test_weighted_counts_convert_to_onnx_and_tflite():
+    # tf2onnx's DenseBincount handler refuses weights ("Non-empty weights"): rewritten too.
+    rng = np.random.default_rng(0)
+    sample = {"ids": ids_sample(), "weights": rng.random((4, 5)).astype("float32")}
+    opt = infertune.optimize(
+        recommender("count", weighted=True), sample, backends=["litert", "onnxruntime-cpu"],
+        verbose=False,
+    )  # fmt: skip
+    report = opt.report
+    assert passed(report, "litert") and passed(report, "onnxruntime-cpu"), str(report)
+    notes = " | ".join(report.notes)
+    assert "rewritten for ONNX as OneHot x weights + Sum (weighted counts)" in notes
+    assert "rewritten for TFLite as OneHot x weights + Sum (weighted counts)" in notes
+
+
+def test_a_graph_without_rejected_ops_is_returned_as_it_is():
+    import tensorflow as tf
+
+    graph_def = tf.function(lambda x: x * 2.0).get_concrete_function(tf.TensorSpec((None, 3)))
+    graph_def = graph_def.graph.as_graph_def()
+    assert rewrite_for_onnx(graph_def) == (graph_def, [])
+    assert rewrite_for_tflite(graph_def) == (graph_def, [])
+
+
+# Each rewrite against the original op, in TensorFlow itself: the graph before and after.
+
+
+def run_graph(graph_def, input_name: str, output_name: str, value: np.ndarray) -> np.ndarray:
+    import tensorflow as tf
+
+    function = tf.compat.v1.wrap_function(lambda: tf.import_graph_def(graph_def, name=""), [])
+    pruned = function.prune(
+        function.graph.get_tensor_by_name(input_name),
+        function.graph.get_tensor_by_name(output_name),
+    )
+    return pruned(tf.constant(value)).numpy()
+
+
+def original_and_rewritten(function, spec, value, rewrite, rejected):
+    """`function` run on `value` as traced, and as rewritten (which leaves none of the
+    `rejected` ops), with the rewrite's notes."""
+    import tensorflow as tf
+
+    concrete = tf.function(function, input_signature=[spec]).get_concrete_function()
+    graph_def = concrete.graph.as_graph_def()
+    rewritten, notes = rewrite(graph_def)
+    assert rejected.isdisjoint(node.op for node in rewritten.node)
+    names = concrete.inputs[0].name, concrete.outputs[0].name
+    return run_graph(graph_def, *names, value), run_graph(rewritten, *names, value), notes
+
+
+@pytest.mark.parametrize("binary", [True, False], ids=["multi-hot", "counts"])
+@pytest.mark.parametrize("shape", [(6, 7), (9,)], ids=["rank-2", "rank-1"])
+def test_the_bincount_rewrite_equals_dense_bincount(binary, shape):
+    import tensorflow as tf
+
+    # Values 20 and above fall outside the 20 bins: both ignore them.
+    values = np.random.default_rng(1).integers(0, 25, shape).astype("int32")
+    spec = tf.TensorSpec((None,) + shape[1:], tf.int32)
+
+    def bincount(x):
+        axis = -1 if len(shape) == 2 else None
+        return tf.math.bincount(x, minlength=20, maxlength=20, axis=axis, binary_output=binary)
+
+    original, rewritten, notes = original_and_rewritten(
+        bincount, spec, values, rewrite_for_tflite, {"DenseBincount"}
+    )
+    np.testing.assert_array_equal(rewritten, original)  # small integers: exactly equal
+    assert len(notes) == 1 and "DenseBincount" in notes[0]
+    # tf2onnx converts the unweighted op itself: the ONNX export leaves it.
+    graph_def = tf.function(bincount, input_signature=[spec]).get_concrete_function()
+    assert rewrite_for_onnx(graph_def.graph.as_graph_def())[1] == []
+
+
+@pytest.mark.parametrize("rewrite", [rewrite_for_onnx, rewrite_for_tflite], ids=["onnx", "tflite"])
+def test_the_weighted_bincount_rewrite_equals_dense_bincount(rewrite):
+    import tensorflow as tf
+
+    rng = np.random.default_rng(2)
+    values = rng.integers(0, 25, (6, 7)).astype("int32")
+    weights = tf.constant(rng.random((6, 7)).astype("float32"))
+
+    def bincount(x):
+        return tf.math.bincount(x, weights=weights, minlength=20, maxlength=20, axis=-1)
+
+    spec = tf.TensorSpec((6, 7), tf.int32)
+    original, rewritten, _ = original_and_rewritten(
+        bincount, spec, values, rewrite, {"DenseBincount"}
+    )
+    # Sums of at most 7 weights in [0, 1) in another order: a few float32 ulps.
+    np.testing.assert_allclose(rewritten, original, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("fft_length", [200, 256, 300], ids=["crop", "same", "pad"])
+@pytest.mark.parametrize("part", ["abs", "real", "imag"])
+def test_the_dft_rewrite_equals_rfft(fft_length, part):
+    import tensorflow as tf
+
+    take = {"abs": tf.abs, "real": tf.math.real, "imag": tf.math.imag}[part]
+    values = np.random.default_rng(3).standard_normal((3, 5, 256)).astype("float32")
+    spec = tf.TensorSpec((None, 5, 256), tf.float32)
+    original, rewritten, notes = original_and_rewritten(
+        lambda x: take(tf.signal.rfft(x, [fft_length])),
+        spec, values, rewrite_for_onnx, {"RFFT", "ComplexAbs", "Real", "Imag"},
+    )  # fmt: skip
+    assert rewritten.shape == original.shape == (3, 5, fft_length // 2 + 1)
+    # float32 sums of 256 terms of order 1 in another order than the FFT's: measured 3e-7
+    # relative in norm, 5e-5 at worst on values of order 30; 1e-5 relative in norm and
+    # 2e-4 absolute leave 30x and 4x room, far below any wrong matrix (errors of order 1).
+    assert np.linalg.norm(rewritten - original) <= 1e-5 * np.linalg.norm(original)
+    np.testing.assert_allclose(rewritten, original, atol=2e-4)
+    assert len(notes) == 1 and notes[0].startswith("RFFT + ")
+
+
+def test_an_rfft_read_by_another_op_is_left_to_the_converter():
+    import tensorflow as tf
+
+    concrete = tf.function(lambda x: tf.math.angle(tf.signal.rfft(x))).get_concrete_function(
+        tf.TensorSpec((None, 64))
+    )
+    graph_def = concrete.graph.as_graph_def()
+    assert rewrite_for_onnx(graph_def) == (graph_def, [])
