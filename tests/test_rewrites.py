@@ -255,3 +255,119 @@ def test_an_rfft_read_by_another_op_is_left_to_the_converter():
     )
     graph_def = concrete.graph.as_graph_def()
     assert rewrite_for_onnx(graph_def) == (graph_def, [])
+
+
+def test_a_complex_output_of_the_graph_is_left_to_the_converter():
+    import tensorflow as tf
+
+    concrete = tf.function(lambda x: tf.signal.rfft(x) * 2.0).get_concrete_function(
+        tf.TensorSpec((None, 64))
+    )
+    graph_def = concrete.graph.as_graph_def()
+    assert rewrite_for_onnx(graph_def) == (graph_def, [])
+
+
+def test_tflite_keeps_its_own_rfft_and_complex_abs():
+    import tensorflow as tf
+
+    concrete = tf.function(lambda x: tf.abs(tf.signal.rfft(x))).get_concrete_function(
+        tf.TensorSpec((None, 64))
+    )
+    graph_def = concrete.graph.as_graph_def()
+    assert rewrite_for_tflite(graph_def) == (graph_def, [])
+    assert rewrite_for_onnx(graph_def)[1] != []
+
+
+def power_spectrum(x):
+    import tensorflow as tf
+
+    spectrum = tf.signal.stft(x, 64, 32)
+    return tf.math.real(spectrum * tf.math.conj(spectrum))  # RFFT, Conj, Mul, Real
+
+
+def dct(x):
+    import tensorflow as tf
+
+    return tf.signal.dct(x, type=2)  # RFFT, a slice, a product by a complex constant, Real
+
+
+@pytest.mark.parametrize("rewrite", [rewrite_for_onnx, rewrite_for_tflite], ids=["onnx", "tflite"])
+@pytest.mark.parametrize("function", [power_spectrum, dct], ids=["power-spectrum", "dct"])
+def test_complex_arithmetic_after_an_rfft_is_lowered_to_real_arithmetic(function, rewrite):
+    import tensorflow as tf
+
+    values = np.random.default_rng(4).standard_normal((3, 256)).astype("float32")
+    original, rewritten, notes = original_and_rewritten(
+        function, tf.TensorSpec((None, 256)), values, rewrite,
+        {"RFFT", "Conj", "ComplexAbs", "Real", "Imag"},  # the constant's Complex op stays, unused
+    )  # fmt: skip
+    assert rewritten.shape == original.shape
+    # As for the DFT above: float32 round-off of sums in another order, 1e-7 relative.
+    assert np.linalg.norm(rewritten - original) <= 1e-5 * np.linalg.norm(original)
+    assert len(notes) == 1 and notes[0].startswith("RFFT + ")
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "int32", "int64"])
+def test_the_bucketize_rewrite_equals_bucketize(dtype):
+    import tensorflow as tf
+
+    boundaries = [-1.5, 0.0, 0.0, 2.0, 7.25]  # a repeated boundary too
+    rng = np.random.default_rng(5)
+    values = rng.uniform(-4, 10, (6, 9))
+    if dtype.startswith("float"):  # every boundary itself, and NaN
+        values[0, : len(boundaries)] = boundaries
+        values[1, 0] = np.nan
+    values = values.astype(dtype)
+    spec = tf.TensorSpec((None, 9), dtype)
+    original, rewritten, notes = original_and_rewritten(
+        lambda x: tf.raw_ops.Bucketize(input=x, boundaries=boundaries),
+        spec, values, rewrite_for_onnx, {"Bucketize"},
+    )  # fmt: skip
+    np.testing.assert_array_equal(rewritten, original)
+    assert rewritten.dtype == np.int32
+    assert notes[0].startswith("Bucketize (at ")
+
+
+@needs_onnxruntime
+def test_discretization_converts_to_onnx_and_is_verified():
+    import keras
+
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((3,))
+    buckets = keras.layers.Discretization(bin_boundaries=[-1.0, 0.0, 1.0])(inputs)
+    model = keras.Model(inputs, keras.layers.Dense(2)(keras.ops.cast(buckets, "float32")))
+    sample = np.random.default_rng(0).standard_normal((4, 3)).astype("float32")
+    backends = ["onnxruntime-cpu"]
+    if importlib.util.find_spec("openvino") is not None:
+        backends.append("openvino-cpu")  # the count in float32: see rewrites._bucketize
+    opt = infertune.optimize(model, sample, backends=backends, verbose=False)
+    for name in backends:
+        assert passed(opt.report, name), str(opt.report)
+    assert any(n.startswith("Bucketize (at ") for n in opt.report.notes), opt.report.notes
+
+
+def mfcc_model():
+    """Log-mel, then MFCCs: tf.signal.dct's complex product after an RFFT, which neither
+    tf2onnx nor the TFLite converter takes."""
+    import keras
+    import tensorflow as tf
+
+    class Mfcc(keras.layers.Layer):
+        def call(self, x):
+            return tf.signal.mfccs_from_log_mel_spectrograms(x)[..., :8]
+
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((2048,))
+    x = Mfcc(name="mfcc")(log_mel_layer()(inputs))
+    return keras.Model(inputs, keras.layers.Dense(3)(keras.layers.Flatten()(x)))
+
+
+@needs_onnxruntime
+@needs_litert
+def test_the_mfcc_model_converts_everywhere():
+    sample = np.random.default_rng(0).standard_normal((2, 2048)).astype("float32")
+    backends = ["onnxruntime-cpu", "litert"]
+    opt = infertune.optimize(mfcc_model(), sample, backends=backends, verbose=False)
+    assert all(passed(opt.report, name) for name in backends), str(opt.report)
+    notes = [n for n in opt.report.notes if "/mfcc" in n]
+    assert {n.split(" rewritten for ")[1].split(" ")[0] for n in notes} == {"ONNX", "TFLite"}, notes

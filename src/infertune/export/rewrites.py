@@ -15,14 +15,22 @@ graph is still verified against the model like any other.
   over the values' axis, with Max for binary output (multi-hot) and Sum for counts. Values
   outside [0, size) are ignored by both (one_hot gives a row of zeros); integer counts are
   exact in float32 below 2**24, weighted sums differ by the order of the additions only.
-- **RFFT -> ComplexAbs / Real / Imag** (`tf.abs(tf.signal.stft(...))`, `tf.signal.rfft`),
-  for ONNX: tf2onnx converts RFFT only into a real tensor with a leading (real, imaginary)
-  axis and its ComplexAbs handler refuses that tensor whenever its shape is not fully
-  known (`ComplexAbs expected the first dimension to be 2 but shape is [-1, -1, -1, -1]`,
-  a free batch). The rewrite is the discrete Fourier transform as two matrix products with
-  constant cosine and sine matrices (what tf2onnx's RFFT handler computes too), and
-  |z| = sqrt(re^2 + im^2). Only where the transformed axis has a static length and
-  fft_length is a constant, and where every consumer of the RFFT is one of those three ops.
+- **Bucketize** (`Discretization`), for ONNX, which tf2onnx has no handler for: the
+  boundaries' count minus how many lie above the value (Less against a constant, Sum).
+  Comparisons are exact; NaN falls in the last bucket in both.
+- **RFFT and the complex arithmetic after it** (`tf.abs(tf.signal.stft(...))`, a power
+  spectrum `s * tf.math.conj(s)`, `tf.signal.dct` and so MFCCs), for ONNX and, where it
+  goes beyond RFFT + ComplexAbs/Real/Imag (TFLite's own builtins), for TFLite: tf2onnx
+  converts RFFT only when ComplexAbs alone reads it, and its ComplexAbs handler refuses the
+  result whenever its shape is not fully known (`ComplexAbs expected the first dimension
+  to be 2 but shape is [-1, -1, -1, -1]`, a free batch); TFLite has no complex slice or
+  product. The rewrite is the discrete Fourier transform as two matrix products with
+  constant cosine and sine matrices (what tf2onnx's RFFT handler computes too) and the
+  complex ops after it (slices, sums, products with constants or each other, Conj) as real
+  ops on the (re, im) parts, down to ComplexAbs (|z| = sqrt(re^2 + im^2)), Real and Imag.
+  Only where the transformed axis has a static length and fft_length is a constant, and
+  every op that reads a complex tensor is one of those; float32 sums of the DFT's terms in
+  another order than the FFT's: round-off of 1e-7 relative.
 """
 
 from __future__ import annotations
@@ -39,14 +47,22 @@ __all__ = ["rewrite_for_onnx", "rewrite_for_tflite", "rewriting_for_tflite"]
 def rewrite_for_onnx(graph_def: Any) -> tuple[Any, list[str]]:
     """The graph with the ops tf2onnx cannot convert rewritten, and a note for each rewrite
     (the graph itself where none applies)."""
-    rewriters = {"RFFT": _rfft, "DenseBincount": partial(_dense_bincount, weighted_only=True)}
+    rewriters = {
+        "RFFT": _rfft,
+        "DenseBincount": partial(_dense_bincount, weighted_only=True),
+        "Bucketize": _bucketize,
+    }
     return _rewrite(graph_def, rewriters, "ONNX")
 
 
 def rewrite_for_tflite(graph_def: Any) -> tuple[Any, list[str]]:
     """The graph with the ops the TFLite converter has no builtin for rewritten, and a note
     for each rewrite (the graph itself where none applies)."""
-    return _rewrite(graph_def, {"DenseBincount": _dense_bincount}, "TFLite")
+    rewriters = {
+        "RFFT": partial(_rfft, natively=frozenset(_COMPLEX_ENDS)),
+        "DenseBincount": _dense_bincount,
+    }
+    return _rewrite(graph_def, rewriters, "TFLite")
 
 
 def rewriting_for_tflite(freeze: Callable[[], tuple], notes: list[str]) -> Callable[[], tuple]:
@@ -133,6 +149,29 @@ class _Graph:
         if node is None or node.op != "Const":
             return None
         return tf.make_ndarray(node.attr["value"].tensor)
+
+    def value(self, tensor: str) -> np.ndarray | None:
+        """The tensor's value where it depends on no input of the graph (a Const, or ops on
+        constants that no grappler folded: TFLite's converter freezes without it), else
+        None."""
+        import tensorflow as tf
+
+        constant = self.constant(tensor)
+        if constant is not None:
+            return constant
+        seen, stack = set(), [_node_name(tensor)]
+        while stack:
+            node = self.nodes.get(stack.pop())
+            if node is None or node.op in ("Placeholder", "PlaceholderWithDefault"):
+                return None
+            if node.name in seen:
+                continue
+            seen.add(node.name)
+            if node.op.startswith(("Random", "Stateful", "Stateless")) or "Variable" in node.op:
+                return None
+            stack.extend(_node_name(t) for t in node.input)
+        with tf.compat.v1.Session(graph=self._tf) as session:
+            return session.run(_tensor_name(tensor))
 
     def consumers(self, name: str) -> list[Any]:
         """Every node with a data input that reads one of `name`'s outputs."""
@@ -223,6 +262,38 @@ def _dense_bincount(graph: _Graph, node: Any, weighted_only: bool = False) -> tu
     return "DenseBincount", f"OneHot{' x weights' if weighted else ''} + {reduce} ({kind})"
 
 
+def _bucketize(graph: _Graph, node: Any) -> tuple[str, str] | None:
+    """Bucketize(x, boundaries) -> len(boundaries) - sum(x < boundaries) over a new last
+    axis: TensorFlow's kernel is `upper_bound(boundaries, x)`, the number of boundaries b
+    with not x < b where they are sorted (Keras' Discretization sorts them), NaN included
+    (no b is above it: the last bucket). Integers compare as float32, as the kernel's C++
+    comparison of an integer with a float converts it."""
+    import tensorflow as tf
+
+    boundaries = np.array(list(node.attr["boundaries"].list.f), np.float32)
+    if np.any(np.diff(boundaries) < 0):
+        return None  # unsorted: the kernel's binary search has no simple equivalent
+    dtype = tf.as_dtype(node.attr["T"].type)
+    name, values = node.name, node.input[0]
+    if dtype.is_integer:
+        values = graph.add(f"{name}/float", "Cast", [values], SrcT=dtype, DstT=tf.float32)
+        dtype = tf.float32
+    last = graph.const(f"{name}/last", np.array(-1, np.int32))
+    column = graph.add(f"{name}/column", "ExpandDims", [values, last], T=dtype, Tdim=tf.int32)
+    bounds = graph.const(f"{name}/boundaries", boundaries.astype(dtype.as_numpy_dtype))
+    below = graph.add(f"{name}/below", "Less", [column, bounds], T=dtype)
+    # Summed in float32 (exact for any count below 2**24): with the cast to int32 before the
+    # sum, OpenVINO 2026.4's CPU plugin gave a row of zeros (Discretization on (4, 3)).
+    ones = graph.add(f"{name}/ones", "Cast", [below], SrcT=tf.bool, DstT=tf.float32)
+    above = graph.add(f"{name}/above", "Sum", [ones, last], T=tf.float32, Tidx=tf.int32,
+                      keep_dims=False)  # fmt: skip
+    count = graph.const(f"{name}/count", np.array(len(boundaries), np.float32))
+    bucket = graph.add(f"{name}/bucket", "Sub", [count, above], T=tf.float32)
+    graph.remove(node)
+    graph.add(name, "Cast", [bucket], SrcT=tf.float32, DstT=tf.int32)
+    return "Bucketize", "a count of the boundaries above each value (Less + Sum)"
+
+
 def _static_size(graph: _Graph, size: str) -> int | None:
     """The bincount's size where it is a constant, or clipped to one: Keras' CategoryEncoding
     passes min(num_tokens, max(num_tokens, max(x) + 1)) (tf.math.bincount's minlength and
@@ -244,23 +315,39 @@ def _static_size(graph: _Graph, size: str) -> int | None:
     return None
 
 
-_RFFT_CONSUMERS = ("ComplexAbs", "Real", "Imag")
+# Ops on complex tensors lowered to pairs of real tensors (re, im), with the inputs that
+# carry complex values; and the ops that end a complex computation with a real tensor.
+_COMPLEX_OPS = {
+    "Identity": (0,), "Neg": (0,), "Conj": (0,), "StridedSlice": (0,),
+    "Mul": (0, 1), "AddV2": (0, 1), "Sub": (0, 1),
+}  # fmt: skip
+_COMPLEX_ENDS = ("ComplexAbs", "Real", "Imag")
 
 
-def _rfft(graph: _Graph, node: Any) -> tuple[str, str] | None:
-    """RFFT(x, [n]) read by ComplexAbs, Real or Imag -> x @ C and x @ S, the DFT as products
-    with constant matrices (for x's last axis of static length m: C[k, j] = cos(2 pi k j / n),
-    S[k, j] = -sin(2 pi k j / n), the rows k >= n zero as RFFT crops x to n, and the
-    padding to n adds nothing), |z| = sqrt(re^2 + im^2)."""
+def _rfft(graph: _Graph, node: Any, natively: frozenset = frozenset()) -> tuple | None:
+    """RFFT(x, [n]) and the complex arithmetic after it, down to the ComplexAbs, Real and Imag
+    that end it in real tensors, as real arithmetic on (re, im) pairs.
+
+    The RFFT becomes x @ C and x @ S, the DFT as products with constant matrices: for x's
+    last axis of static length m, C[k, j] = cos(2 pi k j / n) and S[k, j] = -sin(2 pi k j / n),
+    the rows k >= n zero (RFFT crops x to n; its padding to n adds nothing). Slices apply to
+    both parts, a product by a complex constant or another such tensor expands (a + bi)(c +
+    di), Conj negates the imaginary part, |z| = sqrt(re^2 + im^2). Where another op reads a
+    complex tensor, or the RFFT's length or x's last axis is not static, the graph is left as
+    it is. `natively`: ops the converter takes itself, left alone where they are all there
+    is (TFLite converts RFFT + ComplexAbs)."""
     import tensorflow as tf
 
     values, length = node.input[:2]
-    consumers = graph.consumers(node.name)
-    if not consumers or any(c.op not in _RFFT_CONSUMERS for c in consumers):
-        return None
     n = graph.constant(length)
     shape = graph.shape(values)
     if n is None or n.shape != (1,) or not shape or shape[-1] is None:
+        return None
+    region = _complex_region(graph, node)
+    if region is None:
+        return None
+    ops = sorted({other.op for other in region} - {"Identity"})
+    if set(ops) <= natively:
         return None
     n, m = int(n[0]), shape[-1]
     dtype = tf.as_dtype(node.attr["Treal"].type)
@@ -269,25 +356,133 @@ def _rfft(graph: _Graph, node: Any) -> tuple[str, str] | None:
     angle = 2 * np.pi * ((k * np.arange(bins)) % n) / n  # reduced mod n: exact angles
     matrices = np.zeros((m, bins)), np.zeros((m, bins))
     matrices[0][: len(k)], matrices[1][: len(k)] = np.cos(angle), -np.sin(angle)
-    name = node.name
-    parts = {}
-    for part, matrix in zip(("Real", "Imag"), matrices, strict=True):
-        weights = graph.const(f"{name}/rewrite/{part}/dft", matrix.astype(dtype.as_numpy_dtype))
-        parts[part] = graph.add(
-            f"{name}/rewrite/{part}", "BatchMatMulV2", [values, weights], T=dtype,
-            adj_x=False, adj_y=False,
-        )  # fmt: skip
-    ops = sorted({c.op for c in consumers})
-    became = dict(parts)
-    if "ComplexAbs" in ops:
-        squares = [
-            graph.add(f"{name}/rewrite/{p}/square", "Square", [parts[p]], T=dtype) for p in parts
-        ]
-        power = graph.add(f"{name}/rewrite/power", "AddV2", squares, T=dtype)
-        became["ComplexAbs"] = graph.add(f"{name}/rewrite/magnitude", "Sqrt", [power], T=dtype)
-    for consumer in consumers:
-        graph.remove(consumer)  # its consumers now read the replacement under its name
-        graph.add(consumer.name, "Identity", [became[consumer.op]], T=dtype)
+    parts = []
+    for part, matrix in zip(("re", "im"), matrices, strict=True):
+        weights = graph.const(f"{node.name}/{part}/dft", matrix.astype(dtype.as_numpy_dtype))
+        parts.append(
+            graph.add(
+                f"{node.name}/{part}",
+                "BatchMatMulV2",
+                [values, weights],
+                T=dtype,
+                adj_x=False,
+                adj_y=False,
+            )  # fmt: skip
+        )
+    lowered = {node.name: tuple(parts)}
     graph.remove(node)
+    for other in region:
+        _lower(graph, other, lowered, dtype)
     magnitude = " and |z| = sqrt(re^2 + im^2)" if "ComplexAbs" in ops else ""
-    return " + ".join(["RFFT", *ops]), f"MatMul by constant DFT cosine and sine matrices{magnitude}"
+    return (
+        " + ".join(["RFFT", *ops]),
+        f"MatMul by constant DFT cosine and sine matrices, real arithmetic on the (re, im) "
+        f"parts{magnitude}",
+    )
+
+
+def _complex_region(graph: _Graph, source: Any) -> list[Any] | None:
+    """The nodes that compute on `source`'s complex output, down to the ops that end in a
+    real tensor, in an order where each comes after the complex nodes it reads; None where
+    an op that cannot be lowered reads one of them, or one is an output of the graph."""
+    region: dict[str, Any] = {}
+    frontier = [source]
+    while frontier:
+        node = frontier.pop()
+        consumers = graph.consumers(node.name)
+        if not consumers:
+            return None  # a complex output of the graph
+        for consumer in consumers:
+            if consumer.name in region:
+                continue
+            if consumer.op in _COMPLEX_ENDS:
+                region[consumer.name] = consumer
+            elif consumer.op in _COMPLEX_OPS:
+                region[consumer.name] = consumer
+                frontier.append(consumer)
+            else:
+                return None
+    ordered, done = [], {source.name}
+    while len(ordered) < len(region):
+        ready = [
+            node
+            for name, node in region.items()
+            if name not in done
+            and all(
+                _node_name(node.input[i]) in done or _node_name(node.input[i]) not in region
+                for i in _COMPLEX_OPS.get(node.op, (0,))
+            )
+        ]
+        if not ready:
+            return None
+        for node in ready:
+            for i in _COMPLEX_OPS.get(node.op, (0,)):
+                name = _node_name(node.input[i])
+                if (
+                    name not in region
+                    and name != source.name
+                    and graph.value(node.input[i]) is None
+                ):
+                    return None  # another complex tensor that is not a constant
+            ordered.append(node)
+            done.add(node.name)
+    return ordered
+
+
+def _lower(graph: _Graph, node: Any, lowered: dict[str, tuple[str, str]], dtype: Any) -> None:
+    """Replace `node` by real ops on the (re, im) pairs of its complex inputs: for an op that
+    ends the complex computation, one op under its name (its consumers unchanged); else a
+    pair, in `lowered`."""
+    name, op = node.name, node.op
+    pairs = [_pair(graph, node.input[i], lowered, f"{name}/in{i}", dtype) for i in
+             _COMPLEX_OPS.get(op, (0,))]  # fmt: skip
+    graph.remove(node)
+
+    def add(suffix: str, kind: str, inputs: list[str]) -> str:
+        return graph.add(f"{name}/{suffix}", kind, inputs, T=dtype)
+
+    (re, im) = pairs[0]
+    if op in ("Real", "Imag"):
+        graph.add(name, "Identity", [re if op == "Real" else im], T=dtype)
+        return
+    if op == "ComplexAbs":
+        power = add("power", "AddV2", [add("re2", "Square", [re]), add("im2", "Square", [im])])
+        graph.add(name, "Sqrt", [power], T=dtype)
+        return
+    if op == "Identity":
+        lowered[name] = (re, im)
+    elif op == "Neg":
+        lowered[name] = add("re", "Neg", [re]), add("im", "Neg", [im])
+    elif op == "Conj":
+        lowered[name] = re, add("im", "Neg", [im])
+    elif op == "StridedSlice":
+        attrs = {key: node.attr[key] for key in node.attr}
+        sliced = []
+        for part, tensor in (("re", re), ("im", im)):
+            copy = graph.add(f"{name}/{part}", "StridedSlice", [tensor, *node.input[1:4]])
+            for key, value in attrs.items():
+                graph.nodes[copy].attr[key].CopyFrom(value)
+            graph.nodes[copy].attr["T"].type = dtype.as_datatype_enum
+            sliced.append(copy)
+        lowered[name] = tuple(sliced)
+    elif op in ("AddV2", "Sub"):
+        (re2, im2) = pairs[1]
+        lowered[name] = add("re", op, [re, re2]), add("im", op, [im, im2])
+    else:  # Mul: (a + bi)(c + di) = (ac - bd) + (ad + bc)i
+        (c, d) = pairs[1]
+        ac, bd = add("ac", "Mul", [re, c]), add("bd", "Mul", [im, d])
+        ad, bc = add("ad", "Mul", [re, d]), add("bc", "Mul", [im, c])
+        lowered[name] = add("re", "Sub", [ac, bd]), add("im", "AddV2", [ad, bc])
+
+
+def _pair(graph: _Graph, tensor: str, lowered: dict, prefix: str, dtype: Any) -> tuple[str, str]:
+    """The (re, im) tensors of a complex input: lowered already, or a constant split here."""
+    name = _node_name(tensor)
+    if name in lowered:
+        return lowered[name]
+    value = graph.value(tensor)  # _complex_region checked that it is a constant
+    real = dtype.as_numpy_dtype
+    return (
+        graph.const(f"{prefix}/re", np.real(value).astype(real)),
+        graph.const(f"{prefix}/im", np.imag(value).astype(real)),
+    )
