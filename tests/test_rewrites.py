@@ -371,3 +371,23 @@ def test_the_mfcc_model_converts_everywhere():
     assert all(passed(opt.report, name) for name in backends), str(opt.report)
     notes = [n for n in opt.report.notes if "/mfcc" in n]
     assert {n.split(" rewritten for ")[1].split(" ")[0] for n in notes} == {"ONNX", "TFLite"}, notes
+
+
+@pytest.mark.parametrize("rewrite", [rewrite_for_onnx, rewrite_for_tflite], ids=["onnx", "tflite"])
+@pytest.mark.parametrize("length", [64, 63, 48, 80], ids=["same", "odd", "crop", "pad"])
+def test_a_spectral_filter_with_an_inverse_rfft_is_lowered(length, rewrite):
+    import tensorflow as tf
+
+    gains = np.random.default_rng(6).random(33) + 1j * np.random.default_rng(7).random(33)
+
+    def spectral_filter(x):  # IRFFT: not a TFLite builtin, not converted by tf2onnx
+        return tf.signal.irfft(tf.signal.rfft(x) * tf.constant(gains, tf.complex64), [length])
+
+    values = np.random.default_rng(8).standard_normal((3, 64)).astype("float32")
+    original, rewritten, notes = original_and_rewritten(
+        spectral_filter, tf.TensorSpec((None, 64)), values, rewrite, {"RFFT", "IRFFT"}
+    )
+    assert rewritten.shape == original.shape == (3, length)
+    # As for the DFT above: float32 round-off of sums in another order, 1e-7 relative.
+    assert np.linalg.norm(rewritten - original) <= 1e-5 * np.linalg.norm(original)
+    assert notes[0].startswith("RFFT + IRFFT + Mul")  # and Pad, where IRFFT pads

@@ -59,7 +59,7 @@ def rewrite_for_tflite(graph_def: Any) -> tuple[Any, list[str]]:
     """The graph with the ops the TFLite converter has no builtin for rewritten, and a note
     for each rewrite (the graph itself where none applies)."""
     rewriters = {
-        "RFFT": partial(_rfft, natively=frozenset(_COMPLEX_ENDS)),
+        "RFFT": partial(_rfft, natively=frozenset({"ComplexAbs", "Real", "Imag"})),
         "DenseBincount": _dense_bincount,
     }
     return _rewrite(graph_def, rewriters, "TFLite")
@@ -318,10 +318,13 @@ def _static_size(graph: _Graph, size: str) -> int | None:
 # Ops on complex tensors lowered to pairs of real tensors (re, im), with the inputs that
 # carry complex values; and the ops that end a complex computation with a real tensor.
 _COMPLEX_OPS = {
-    "Identity": (0,), "Neg": (0,), "Conj": (0,), "StridedSlice": (0,),
-    "Mul": (0, 1), "AddV2": (0, 1), "Sub": (0, 1),
+    "Identity": (0,), "Neg": (0,), "Conj": (0,), "Mul": (0, 1), "AddV2": (0, 1), "Sub": (0, 1),
+    # ops that move or zero-pad elements: the same op on each part (zero is (0, 0))
+    "StridedSlice": (0,), "Slice": (0,), "Pad": (0,), "Reshape": (0,), "ExpandDims": (0,),
+    "Squeeze": (0,), "Transpose": (0,),
 }  # fmt: skip
-_COMPLEX_ENDS = ("ComplexAbs", "Real", "Imag")
+_ON_EACH_PART = ("StridedSlice", "Slice", "Pad", "Reshape", "ExpandDims", "Squeeze", "Transpose")
+_COMPLEX_ENDS = ("ComplexAbs", "Real", "Imag", "IRFFT")
 
 
 def _rfft(graph: _Graph, node: Any, natively: frozenset = frozenset()) -> tuple | None:
@@ -395,6 +398,8 @@ def _complex_region(graph: _Graph, source: Any) -> list[Any] | None:
         for consumer in consumers:
             if consumer.name in region:
                 continue
+            if consumer.op == "IRFFT" and _inverse_dft(graph, consumer) is None:
+                return None
             if consumer.op in _COMPLEX_ENDS:
                 region[consumer.name] = consumer
             elif consumer.op in _COMPLEX_OPS:
@@ -449,22 +454,31 @@ def _lower(graph: _Graph, node: Any, lowered: dict[str, tuple[str, str]], dtype:
         power = add("power", "AddV2", [add("re2", "Square", [re]), add("im2", "Square", [im])])
         graph.add(name, "Sqrt", [power], T=dtype)
         return
+    if op == "IRFFT":
+        terms = []
+        for part, tensor, matrix in zip(
+            ("re", "im"), (re, im), _inverse_dft(graph, node), strict=True
+        ):
+            weights = graph.const(f"{name}/{part}/idft", matrix.astype(dtype.as_numpy_dtype))
+            terms.append(graph.add(f"{name}/{part}", "BatchMatMulV2", [tensor, weights], T=dtype,
+                                   adj_x=False, adj_y=False))  # fmt: skip
+        graph.add(name, "AddV2", terms, T=dtype)
+        return
     if op == "Identity":
         lowered[name] = (re, im)
     elif op == "Neg":
         lowered[name] = add("re", "Neg", [re]), add("im", "Neg", [im])
     elif op == "Conj":
         lowered[name] = re, add("im", "Neg", [im])
-    elif op == "StridedSlice":
-        attrs = {key: node.attr[key] for key in node.attr}
-        sliced = []
+    elif op in _ON_EACH_PART:
+        moved = []
         for part, tensor in (("re", re), ("im", im)):
-            copy = graph.add(f"{name}/{part}", "StridedSlice", [tensor, *node.input[1:4]])
-            for key, value in attrs.items():
-                graph.nodes[copy].attr[key].CopyFrom(value)
+            copy = graph.add(f"{name}/{part}", op, [tensor, *node.input[1:]])
+            for key in node.attr:
+                graph.nodes[copy].attr[key].CopyFrom(node.attr[key])
             graph.nodes[copy].attr["T"].type = dtype.as_datatype_enum
-            sliced.append(copy)
-        lowered[name] = tuple(sliced)
+            moved.append(copy)
+        lowered[name] = tuple(moved)
     elif op in ("AddV2", "Sub"):
         (re2, im2) = pairs[1]
         lowered[name] = add("re", op, [re, re2]), add("im", op, [im, im2])
@@ -473,6 +487,30 @@ def _lower(graph: _Graph, node: Any, lowered: dict[str, tuple[str, str]], dtype:
         ac, bd = add("ac", "Mul", [re, c]), add("bd", "Mul", [im, d])
         ad, bc = add("ad", "Mul", [re, d]), add("bc", "Mul", [im, c])
         lowered[name] = add("re", "Sub", [ac, bd]), add("im", "AddV2", [ad, bc])
+
+
+def _inverse_dft(graph: _Graph, node: Any) -> tuple[np.ndarray, np.ndarray] | None:
+    """IRFFT(z, [n]) as re @ A + im @ B: A[k, t] = w_k cos(2 pi k t / n) / n and B[k, t] =
+    -w_k sin(2 pi k t / n) / n over the bins k < n // 2 + 1 that IRFFT reads (the rest zero:
+    it crops z to them, its padding adds nothing), w_k = 2 for the bins that stand for a
+    conjugate pair too, 1 for bin 0 and, for an even n, bin n / 2 (whose sine row is zero, so
+    their imaginary parts are ignored, as IRFFT ignores them). None where z's last axis or n
+    is not static."""
+    n = graph.constant(node.input[1])
+    shape = graph.shape(node.input[0])
+    if n is None or n.shape != (1,) or not shape or shape[-1] is None:
+        return None
+    n, bins = int(n[0]), shape[-1]
+    used = min(bins, n // 2 + 1)
+    k = np.arange(used, dtype=np.float64)[:, None]
+    angle = 2 * np.pi * ((k * np.arange(n)) % n) / n
+    weight = np.full((used, 1), 2.0)
+    weight[0] = 1.0
+    if n % 2 == 0 and n // 2 < used:
+        weight[n // 2] = 1.0
+    a, b = np.zeros((bins, n)), np.zeros((bins, n))
+    a[:used], b[:used] = weight * np.cos(angle) / n, -weight * np.sin(angle) / n
+    return a, b
 
 
 def _pair(graph: _Graph, tensor: str, lowered: dict, prefix: str, dtype: Any) -> tuple[str, str]:
