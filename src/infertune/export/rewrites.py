@@ -27,7 +27,10 @@ graph is still verified against the model like any other.
   product. The rewrite is the discrete Fourier transform as two matrix products with
   constant cosine and sine matrices (what tf2onnx's RFFT handler computes too) and the
   complex ops after it (slices, sums, products with constants or each other, Conj) as real
-  ops on the (re, im) parts, down to ComplexAbs (|z| = sqrt(re^2 + im^2)), Real and Imag.
+  ops on the (re, im) parts, down to ComplexAbs (|z| = sqrt(re^2 + im^2)), Real, Imag and
+  IRFFT (products with constant inverse-DFT matrices). Not Angle: the phase jumps from pi
+  to -pi across the negative real axis, and where the FFT gives an exact zero imaginary
+  part (bins 0 and n/2) the products leave round-off of either sign.
   Only where the transformed axis has a static length and fft_length is a constant, and
   every op that reads a complex tensor is one of those; float32 sums of the DFT's terms in
   another order than the FFT's: round-off of 1e-7 relative.
@@ -324,18 +327,19 @@ _COMPLEX_OPS = {
     "Squeeze": (0,), "Transpose": (0,),
 }  # fmt: skip
 _ON_EACH_PART = ("StridedSlice", "Slice", "Pad", "Reshape", "ExpandDims", "Squeeze", "Transpose")
-_COMPLEX_ENDS = ("ComplexAbs", "Real", "Imag", "IRFFT")
+_ENDS = ("ComplexAbs", "Real", "Imag", "IRFFT")
 
 
 def _rfft(graph: _Graph, node: Any, natively: frozenset = frozenset()) -> tuple | None:
-    """RFFT(x, [n]) and the complex arithmetic after it, down to the ComplexAbs, Real and Imag
-    that end it in real tensors, as real arithmetic on (re, im) pairs.
+    """RFFT(x, [n]) and the complex arithmetic after it, down to the ops that make real
+    tensors of it (ComplexAbs, Real, Imag, IRFFT), as real arithmetic on (re, im) pairs.
 
     The RFFT becomes x @ C and x @ S, the DFT as products with constant matrices: for x's
     last axis of static length m, C[k, j] = cos(2 pi k j / n) and S[k, j] = -sin(2 pi k j / n),
     the rows k >= n zero (RFFT crops x to n; its padding to n adds nothing). Slices apply to
     both parts, a product by a complex constant or another such tensor expands (a + bi)(c +
-    di), Conj negates the imaginary part, |z| = sqrt(re^2 + im^2). Where another op reads a
+    di), Conj negates the imaginary part, |z| = sqrt(re^2 + im^2), IRFFT is a product with
+    constant inverse-DFT matrices (`_inverse_dft`). Where another op reads a
     complex tensor, or the RFFT's length or x's last axis is not static, the graph is left as
     it is. `natively`: ops the converter takes itself, left alone where they are all there
     is (TFLite converts RFFT + ComplexAbs)."""
@@ -400,7 +404,7 @@ def _complex_region(graph: _Graph, source: Any) -> list[Any] | None:
                 continue
             if consumer.op == "IRFFT" and _inverse_dft(graph, consumer) is None:
                 return None
-            if consumer.op in _COMPLEX_ENDS:
+            if consumer.op in _ENDS:
                 region[consumer.name] = consumer
             elif consumer.op in _COMPLEX_OPS:
                 region[consumer.name] = consumer
