@@ -92,8 +92,8 @@ def test_the_error_of_a_failing_tf2onnx_handler_is_in_the_reason(rng):
     class SpectrumAngle(tf.Module):
         @tf.function(input_signature=[tf.TensorSpec((None, 64))])
         def __call__(self, x):
-            # tf2onnx's RFFT handler takes only ComplexAbs as its consumer (which rewrites.py
-            # rewrites, with Real and Imag): the phase has no exact rewrite there.
+            # tf2onnx's RFFT handler takes only ComplexAbs as its consumer; rewrites.py lowers
+            # the complex ops it knows to real ones, not the phase (docs/candidates.md).
             return tf.math.angle(tf.signal.rfft(x))
 
     sample = rng.random((3, 64)).astype("float32")
