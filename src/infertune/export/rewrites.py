@@ -94,6 +94,8 @@ def _rewrite(graph_def: Any, rewriters: dict[str, Rewriter], converter: str) -> 
     graph = _Graph(graph_def)
     done: dict[tuple[str, str], list[str]] = {}  # (ops, what they became) -> node names
     for node in list(graph.nodes.values()):
+        if graph.nodes.get(node.name) is not node:
+            continue  # replaced by an earlier rewrite
         rewriter = rewriters.get(node.op)
         rewritten = rewriter(graph, node) if rewriter is not None else None
         if rewritten is not None:
@@ -185,9 +187,14 @@ class _Graph:
         ]
 
     def add(self, name: str, op: str, inputs: list[str], **attrs: Any) -> str:
-        """A new node; attrs as TensorFlow DTypes, ints, bools or numpy arrays (a tensor)."""
+        """A new node, its name returned: `name`, or with a number added where a node has it
+        already; attrs as TensorFlow DTypes, ints, bools or numpy arrays (a tensor)."""
         import tensorflow as tf
 
+        base, number = name, 0
+        while name in self.nodes:
+            number += 1
+            name = f"{base}_{number}"
         node = tf.compat.v1.NodeDef(name=name, op=op, input=inputs)
         for key, value in attrs.items():
             if isinstance(value, tf.DType):
