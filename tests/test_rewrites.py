@@ -76,14 +76,16 @@ def passed(report, name: str) -> bool:
 
 
 @needs_onnxruntime
-@needs_litert
-def test_the_log_mel_model_converts_to_onnx_and_every_candidate_is_verified():
+def test_the_log_mel_model_converts_to_onnx_and_every_candidate_is_verified(tmp_path):
     sample = np.random.default_rng(0).standard_normal((2, 2048)).astype("float32")
+    backends = ["onnxruntime-cpu"]  # each ONNX-based candidate failed on ComplexAbs before
+    if importlib.util.find_spec("openvino") is not None:
+        backends.append("openvino-cpu")
     opt = infertune.optimize(
-        audio_model(), sample, backends=["onnxruntime-cpu", "litert"], verbose=False
+        audio_model(), sample, backends=backends, isolation="off", verbose=False
     )
     report = opt.report
-    assert passed(report, "onnxruntime-cpu") and passed(report, "litert"), str(report)
+    assert all(passed(report, name) for name in backends), str(report)
     notes = [n for n in report.notes if "rewritten for ONNX" in n]
     assert len(notes) == 1, report.notes
     assert notes[0].startswith("RFFT + ComplexAbs (at ")
@@ -94,6 +96,9 @@ def test_the_log_mel_model_converts_to_onnx_and_every_candidate_is_verified():
     # on the spectrum, measured 2e-7 over the output), 100x below that still.
     expected = audio_model()(sample).numpy()
     np.testing.assert_allclose(opt(sample), expected, rtol=1e-4, atol=1e-5)
+    # The rewritten ONNX model is what is saved: loaded, it runs without the rewrite.
+    loaded = infertune.load(opt.save(tmp_path / "audio"))
+    np.testing.assert_array_equal(loaded(sample), opt(sample))
 
 
 @needs_onnxruntime
@@ -343,7 +348,7 @@ def test_discretization_converts_to_onnx_and_is_verified():
     backends = ["onnxruntime-cpu"]
     if importlib.util.find_spec("openvino") is not None:
         backends.append("openvino-cpu")  # the count in float32: see rewrites._bucketize
-    opt = infertune.optimize(model, sample, backends=backends, verbose=False)
+    opt = infertune.optimize(model, sample, backends=backends, isolation="off", verbose=False)
     for name in backends:
         assert passed(opt.report, name), str(opt.report)
     assert any(n.startswith("Bucketize (at ") for n in opt.report.notes), opt.report.notes
@@ -370,7 +375,9 @@ def mfcc_model():
 def test_the_mfcc_model_converts_everywhere():
     sample = np.random.default_rng(0).standard_normal((2, 2048)).astype("float32")
     backends = ["onnxruntime-cpu", "litert"]
-    opt = infertune.optimize(mfcc_model(), sample, backends=backends, verbose=False)
+    opt = infertune.optimize(
+        mfcc_model(), sample, backends=backends, isolation="off", verbose=False
+    )
     assert all(passed(opt.report, name) for name in backends), str(opt.report)
     notes = [n for n in opt.report.notes if "/mfcc" in n]
     assert {n.split(" rewritten for ")[1].split(" ")[0] for n in notes} == {"ONNX", "TFLite"}, notes

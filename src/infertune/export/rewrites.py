@@ -292,8 +292,9 @@ def _bucketize(graph: _Graph, node: Any) -> tuple[str, str] | None:
     column = graph.add(f"{name}/column", "ExpandDims", [values, last], T=dtype, Tdim=tf.int32)
     bounds = graph.const(f"{name}/boundaries", boundaries.astype(dtype.as_numpy_dtype))
     below = graph.add(f"{name}/below", "Less", [column, bounds], T=dtype)
-    # Summed in float32 (exact for any count below 2**24): with the cast to int32 before the
-    # sum, OpenVINO 2026.4's CPU plugin gave a row of zeros (Discretization on (4, 3)).
+    # Counted in float32 (exact below 2**24): in int32 or int64, Less, Cast, ReduceSum and
+    # Sub from the constant gave zeros for the last row of a (4, 3) input on OpenVINO
+    # 2026.4.1's CPU plugin (right without the Sub, and in float32).
     ones = graph.add(f"{name}/ones", "Cast", [below], SrcT=tf.bool, DstT=tf.float32)
     above = graph.add(f"{name}/above", "Sum", [ones, last], T=tf.float32, Tidx=tf.int32,
                       keep_dims=False)  # fmt: skip
