@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from ..backends import BACKENDS, Backend, KerasEager
+from ..backends import BACKENDS, Backend, KerasEager, TensorFlowOnly, TfFunction, TfHeadChain
 from ..environment import collect_environment, fingerprint
 from ..errors import ModelError
 from ..gpu import enable_tf_memory_growth
@@ -24,6 +24,7 @@ from ..options import Options
 from ..progress import Progress
 from ..report import CandidateResult, Diagnosis, Report
 from ..result.choice import Choice
+from ..splitting import Split, find_split
 from ..stages import StageTimes
 from ..target import Target
 from ..verify import ELEMENT_RULE
@@ -59,24 +60,48 @@ class Model:
     gpu_growth: dict  # what enable_tf_memory_growth() did, for the report
 
 
-def candidates(source: ModelSource, options: Options) -> list[Backend]:
+def candidates(
+    source: ModelSource,
+    options: Options,
+    split: Split | None = None,
+    unsplit: str | None = None,
+) -> list[Backend]:
     """The reference (the model's own call) first, then the requested (or all registered)
-    backends, each a new instance."""
+    backends, each a new instance. Where the model is split (`split`), every candidate that
+    converts the model runs the body after the TensorFlow head (TfHeadChain); where it takes
+    strings and cannot be split (`unsplit` says why), those candidates are skipped with it."""
     reference = KerasEager("keras-eager" if source.is_keras else "original")
     if options.backends is None:
-        return [reference, *(factory() for factory in BACKENDS.values())]
-    chosen = [b if isinstance(b, Backend) else BACKENDS[b]() for b in options.backends]
+        chosen = [factory() for factory in BACKENDS.values()]
+    else:
+        chosen = [b if isinstance(b, Backend) else BACKENDS[b]() for b in options.backends]
+    if split is not None:
+        chosen = [b if _runs_in_tensorflow(b) else TfHeadChain(b, split) for b in chosen]
+    elif unsplit is not None:
+        chosen = [b if _runs_in_tensorflow(b) else TensorFlowOnly(b, unsplit) for b in chosen]
     return [reference, *chosen]
+
+
+def _runs_in_tensorflow(backend: Backend) -> bool:
+    """A candidate that runs the whole model as TensorFlow runs it (strings, lookup tables
+    and all): the model's own call, and tf.function without XLA."""
+    if isinstance(backend, KerasEager | TfHeadChain | TensorFlowOnly):
+        return True
+    return type(backend) is TfFunction
 
 
 def tune(model: Model, options: Options, progress: Progress) -> tuple[Choice, Report]:
     """Every stage of optimize() after the model is loaded: the choice and its report."""
     source, signature, sample = model.source, model.signature, model.sample
     times = progress.times
-    backends = candidates(source, options)
     batch_sizes = tuned_batch_sizes(options.batch_sizes, signature)
     with progress.timed("reference", text="computing reference outputs"):
         reference, structure, first_call_s = reference_outputs(source, signature, sample)
+    with progress.timed("split", text="looking for preprocessing to run apart"):
+        split, unsplit = find_split(source, signature, sample)
+    if split is not None:
+        progress.say(f"the model is {split.describe()}")
+    backends = candidates(source, options, split, unsplit)
     dtypes = [ref.dtype for ref in reference]
     target = Target(source, signature, structure, dtypes, options.objective, options.concurrency)
     with progress.timed("verification inputs"):
@@ -146,6 +171,7 @@ def tune(model: Model, options: Options, progress: Progress) -> tuple[Choice, Re
     learn_from_run(record, planned, kinds, statuses, times, serving)
     notes = (
         _notes(target, checks, results)
+        + _split_notes(split, unsplit)
         + precision_notes
         + target.notes
         + _plan_notes(options, tried, results)
@@ -247,6 +273,15 @@ def _concurrency_notes(options: Options, under_load: str | None) -> list[str]:
             f"{options.concurrency}): latency is per call under that load, samples/s in total"
         ]
     return [under_load] if under_load else []
+
+
+def _split_notes(split: Split | None, unsplit: str | None) -> list[str]:
+    """Where the model was split and why, or why a model that needs a split was not."""
+    if split is not None:
+        return [f"the model is {split.describe()}"]
+    if unsplit is not None:
+        return [f"only TensorFlow candidates run this model: {unsplit}"]
+    return []
 
 
 def _gpu_notes(growth: dict) -> list[str]:
