@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from .errors import one_line
 from .inputs import InputSignature, build_signature
 from .models import ModelSource, load_model, tensor_specs
 from .structure import flatten
@@ -94,19 +95,30 @@ def find_split(
             f"the model takes {what} that only TensorFlow runs, and it cannot be split there: "
             f"{whose} has no layer graph to cut (a Keras Functional or Sequential model has)"
         )
+    try:
+        return _split(source, model, signature, sample)
+    except Exception as exc:  # the model runs whole, as without a split; the report says why
+        return None, f"splitting it failed: {one_line(exc)}"
+
+
+def _split(
+    source: ModelSource, model: Any, signature: InputSignature, sample: list[np.ndarray]
+) -> tuple[Split | None, str | None]:
     head_ops, boundary, why = _cut(model)
     if why is not None:
         return None, why
     if not head_ops:
-        if strings:  # a string input that no layer of the head reads: nothing to cut after
+        if signature.strings:  # a string input that no layer reads: nothing to cut after
             return None, "the model takes string inputs, but no layer near its inputs reads them"
         return None, None
     import keras
 
+    # A Sequential model has only the lists; a functional one keeps its inputs' structure.
     inputs = model.input if len(model.inputs) > 1 else model.inputs[0]
+    outputs = model.outputs[0] if len(model.outputs) == 1 else getattr(model, "output", None)
     head = keras.Model(inputs, list(boundary), name=f"{model.name}_head")
     body_inputs = boundary[0] if len(boundary) == 1 else list(boundary)
-    body_model = keras.Model(body_inputs, model.output, name=f"{model.name}_body")
+    body_model = keras.Model(body_inputs, outputs, name=f"{model.name}_body")
     head_function = _head_function(head, signature)
     body_sample = [np.asarray(t.numpy()) for t in head_function(*sample)]
     body = load_model(body_model)

@@ -57,7 +57,6 @@ class TfHeadChain(Backend):
             self.name = f"tf-head+{body.name}"
             self.precision = body.precision
             self.precision_note = body.precision_note
-            self.requires = body.requires
             self.cooldown_s = body.cooldown_s
             self.callers_only = body.callers_only
             self.conversions = body.conversions

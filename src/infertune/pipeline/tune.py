@@ -101,7 +101,8 @@ def tune(model: Model, options: Options, progress: Progress) -> tuple[Choice, Re
         split, unsplit = find_split(source, signature, sample)
     if split is not None:
         progress.say(f"the model is {split.describe()}")
-    backends = candidates(source, options, split, unsplit)
+    # Without strings, a model that cannot be split still goes whole to every converter.
+    backends = candidates(source, options, split, unsplit if signature.strings else None)
     dtypes = [ref.dtype for ref in reference]
     target = Target(source, signature, structure, dtypes, options.objective, options.concurrency)
     with progress.timed("verification inputs"):
@@ -171,7 +172,7 @@ def tune(model: Model, options: Options, progress: Progress) -> tuple[Choice, Re
     learn_from_run(record, planned, kinds, statuses, times, serving)
     notes = (
         _notes(target, checks, results)
-        + _split_notes(split, unsplit)
+        + _split_notes(split, unsplit, signature.strings)
         + precision_notes
         + target.notes
         + _plan_notes(options, tried, results)
@@ -275,12 +276,14 @@ def _concurrency_notes(options: Options, under_load: str | None) -> list[str]:
     return [under_load] if under_load else []
 
 
-def _split_notes(split: Split | None, unsplit: str | None) -> list[str]:
+def _split_notes(split: Split | None, unsplit: str | None, strings: list[str]) -> list[str]:
     """Where the model was split and why, or why a model that needs a split was not."""
     if split is not None:
         return [f"the model is {split.describe()}"]
-    if unsplit is not None:
+    if unsplit is not None and strings:
         return [f"only TensorFlow candidates run this model: {unsplit}"]
+    if unsplit is not None:
+        return [f"the model was not split (every candidate converts it whole): {unsplit}"]
     return []
 
 
