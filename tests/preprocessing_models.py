@@ -27,7 +27,9 @@ def text_classifier():
     import keras
 
     keras.utils.set_random_seed(0)
-    vectorize = keras.layers.TextVectorization(max_tokens=64, output_sequence_length=8)
+    vectorize = keras.layers.TextVectorization(
+        max_tokens=64, output_sequence_length=8, name="vectorize"
+    )
     vectorize.adapt(np.array(SENTENCES))
     text = keras.Input(shape=(1,), dtype="string", name="text")
     hidden = keras.layers.Embedding(64, 8)(vectorize(text))
@@ -52,11 +54,11 @@ def tabular_model():
 
     keras.utils.set_random_seed(0)
     data = tabular_sample(64)
-    normalize = keras.layers.Normalization()
+    normalize = keras.layers.Normalization(name="normalize")
     normalize.adapt(data["amount"])
-    lookup = keras.layers.IntegerLookup(output_mode="one_hot")
+    lookup = keras.layers.IntegerLookup(output_mode="one_hot", name="lookup")
     lookup.adapt(data["category"])
-    buckets = keras.layers.Discretization(num_bins=4, output_mode="one_hot")
+    buckets = keras.layers.Discretization(num_bins=4, output_mode="one_hot", name="buckets")
     buckets.adapt(data["age"])
     inputs = {
         "amount": keras.Input(shape=(3,), dtype="float32", name="amount"),

@@ -319,7 +319,7 @@ def _cast(array: np.ndarray, spec: InputSpec) -> np.ndarray:
 
 def _kind_words(dtype: np.dtype) -> str:
     if dtype.kind in "US":
-        return f"{dtype.name} (strings)"
+        return f"{dtype} (strings)"
     return dtype.name
 
 
@@ -501,7 +501,7 @@ def _token_range(array: np.ndarray) -> tuple[float, float, tuple[str, ...]]:
 def _value_range(array: np.ndarray) -> tuple[float, float]:
     if array.size == 0:
         return 0.0, 1.0
-    if array.dtype.kind == "b":
+    if array.dtype.kind in "bUSO":  # strings where the model takes numbers: refused later
         return 0.0, 1.0
     return float(array.min()), float(array.max())
 
