@@ -59,8 +59,12 @@ class TfHeadChain(Backend):
             self.precision_note = body.precision_note
             self.cooldown_s = body.cooldown_s
             self.callers_only = body.callers_only
-            self.conversions = body.conversions
-            self.relative_cost = body.relative_cost + 0.5  # its own trace of the body
+            # No shared conversion of the whole model: the body's are built on the body's
+            # own Target (a worker process making the whole model's would convert the part
+            # no converter takes). Its cost, for the order and the budget, in traces: the
+            # body's own, plus a share of the body's conversions (made once for all chains).
+            self.conversions = ()
+            self.relative_cost = body.relative_cost + 2.0
 
     def available(self) -> str | None:
         missing = tensorflow_missing()
