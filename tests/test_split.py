@@ -87,8 +87,12 @@ def test_a_sequential_model_is_split_and_its_chain_chosen():
     )
     x = np.array([[3], [5], [7], [4]], np.int64)
     opt = infertune.optimize(model, x, backends=["onnxruntime-cpu"], isolation="off", verbose=False)
-    assert [c.name for c in opt.report.candidates] == ["keras-eager", "tf-head+onnxruntime-cpu"]
-    assert opt.report.candidate("tf-head+onnxruntime-cpu").status in ("selected", "ok")
+    names = [c.name for c in opt.report.candidates]
+    assert names == ["keras-eager", "onnxruntime-cpu", "tf-head+onnxruntime-cpu"]
+    # Without strings the whole model stays a candidate: here tf2onnx rejects the lookup.
+    whole = opt.report.candidate("onnxruntime-cpu")
+    assert whole.status == "failed" and "LookupTableFindV2" in whole.reason
+    assert opt.report.candidate("tf-head+onnxruntime-cpu").status == "selected"
     _close(opt, model, x)
 
 
@@ -105,6 +109,8 @@ def test_the_text_classifiers_chains_are_verified_end_to_end():
     split_note = next(n for n in report.notes if "split after its preprocessing" in n)
     assert "vectorize (TextVectorization) run in TensorFlow" in split_note
     assert "x: shape (None, 8) int64" in split_note
+    # With strings no converter takes the whole model: only the chains are tried.
+    assert "onnxruntime-cpu" not in [c.name for c in report.candidates]
     # Verified on the sample and fresh strings made of its tokens, at another batch size too.
     assert any("random input at batch 1" in n for n in report.notes)
     _close(opt, model, x)
@@ -120,6 +126,8 @@ def test_the_tabular_models_chains_run_its_dict_of_inputs():
     for name in ("tf-head+onnxruntime-cpu", "tf-head+litert"):
         result = opt.report.candidate(name)
         assert result.status in ("selected", "ok"), result.reason
+    for name in ("onnxruntime-cpu", "litert"):  # the whole model: the lookup is rejected
+        assert opt.report.candidate(name).status == "failed"
     assert opt.backend.startswith("tf-head+")  # keras-eager's call is ~5x slower
     _close(opt, model, x)
     _close(opt, model, tabular_sample(3))
@@ -145,6 +153,10 @@ def test_a_chosen_chain_saves_loads_and_is_cached(tmp_path, monkeypatch):
     assert loaded.backend == "tf-head+onnxruntime-cpu"
     _close(loaded, model, x)
     _close(loaded, model, np.array([["hello cat"]]))
+    with pytest.raises(infertune.ExportError, match="no one Triton backend does"):
+        loaded.export_triton(tmp_path / "triton", "text")
+    export = loaded.export_triton(tmp_path / "triton", "text", backend="python")
+    assert "TYPE_STRING" in export.config
     monkeypatch.setitem(sys.modules, "tensorflow", None)  # a deploy machine without it
     with pytest.raises(
         infertune.EnvironmentMismatchError,

@@ -60,6 +60,7 @@ class Split:
     body: ModelSource
     body_signature: InputSignature
     head_layers: list[str]  # "name (Class)", in the graph's order
+    strings: list[str]  # the model's string inputs, which only the head takes
 
     def describe(self) -> str:
         """Where the model was split and why, in one line (for the report)."""
@@ -68,6 +69,11 @@ class Split:
             f"(no converter takes lookup tables or strings); the body from "
             f"{self.body_signature.describe()} goes to every converting candidate, each "
             f"named tf-head+<candidate> and verified end to end against the whole model"
+            + (
+                ""
+                if self.strings
+                else " (the whole model stays a candidate of each: a converter may take it)"
+            )
         )
 
 
@@ -126,7 +132,7 @@ def _split(
     structured = body_sample[0] if len(body_sample) == 1 else body_sample
     body_signature, _ = build_signature(structured, body.declared_inputs, body.default_float)
     names = [f"{op.name} ({type(op).__name__})" for op in head_ops]
-    return Split(head, head_function, body, body_signature, names), None
+    return Split(head, head_function, body, body_signature, names, signature.strings), None
 
 
 def _cut(model: Any) -> tuple[list[Any], list[Any], str | None]:
