@@ -78,12 +78,18 @@ def candidates(
     without the head's TensorFlow call, 0.1-0.2 ms. Where the model takes strings and cannot
     be split (`unsplit` says why), the converting candidates are skipped with that reason."""
     reference = KerasEager("keras-eager" if source.is_keras else "original")
-    if options.backends is None:
-        chosen = [factory() for factory in BACKENDS.values()]
-    else:
-        chosen = [b if isinstance(b, Backend) else BACKENDS[b]() for b in options.backends]
+    wanted = list(BACKENDS) if options.backends is None else list(options.backends)
+
+    def new(b: str | Backend) -> Backend:  # a user's own instance is copied unprepared
+        return copy.copy(b) if isinstance(b, Backend) else BACKENDS[b]()
+
+    chosen = [b if isinstance(b, Backend) else BACKENDS[b]() for b in wanted]
     if split is not None:
-        chains = [TfHeadChain(copy.copy(b), split) for b in chosen if not _runs_in_tensorflow(b)]
+        chains = [
+            TfHeadChain(new(b), split)
+            for b, made in zip(wanted, chosen)
+            if not _runs_in_tensorflow(made)
+        ]
         whole = [b for b in chosen if _runs_in_tensorflow(b) or not split.strings]
         return [reference, *whole, *chains]
     if unsplit is not None:
