@@ -85,10 +85,11 @@ def candidates(
 
     chosen = [b if isinstance(b, Backend) else BACKENDS[b]() for b in wanted]
     if split is not None:
+        # Without strings, a candidate that cannot run here says so once, as the whole model.
         chains = [
             TfHeadChain(new(b), split)
             for b, made in zip(wanted, chosen)
-            if not _runs_in_tensorflow(made)
+            if not _runs_in_tensorflow(made) and (split.strings or made.available() is None)
         ]
         whole = [b for b in chosen if _runs_in_tensorflow(b) or not split.strings]
         return [reference, *whole, *chains]
