@@ -37,7 +37,7 @@ def test_the_text_classifier_is_split_after_its_text_vectorization():
     split, why = _split(text_classifier(), text_sample())
     assert why is None
     assert split.head_layers == ["vectorize (TextVectorization)"]
-    assert split.body_signature.describe() == "x: shape (None, 8) int64"
+    assert split.body_signature.describe() == "vectorize: shape (None, 8) int64"
 
 
 def test_the_tabular_model_keeps_its_normalization_in_the_body():
@@ -45,8 +45,10 @@ def test_the_tabular_model_keeps_its_normalization_in_the_body():
     assert why is None
     assert sorted(split.head_layers) == ["buckets (Discretization)", "lookup (IntegerLookup)"]
     # Normalization is plain arithmetic: its raw float input goes straight to the body.
-    shapes = sorted(spec.shape for spec in split.body_signature.specs)
-    assert shapes == [(None, 3), (None, 4), (None, 6)]
+    assert split.body_signature.describe() == (
+        "amount: shape (None, 3) float32; buckets: shape (None, 4) float32; "
+        "lookup: shape (None, 6) float32"
+    )
 
 
 def test_models_that_cannot_or_need_not_be_split_say_why():
@@ -108,7 +110,7 @@ def test_the_text_classifiers_chains_are_verified_end_to_end():
         assert result.max_rel_err < 1e-5  # the body converted exactly: float32 round-off
     split_note = next(n for n in report.notes if "split after its preprocessing" in n)
     assert "vectorize (TextVectorization) run in TensorFlow" in split_note
-    assert "x: shape (None, 8) int64" in split_note
+    assert "the body from vectorize: shape (None, 8) int64" in split_note
     # With strings no converter takes the whole model: only the chains are tried.
     assert "onnxruntime-cpu" not in [c.name for c in report.candidates]
     # Verified on the sample and fresh strings made of its tokens, at another batch size too.
@@ -164,3 +166,29 @@ def test_a_chosen_chain_saves_loads_and_is_cached(tmp_path, monkeypatch):
         r"is not installed",
     ):
         infertune.load(path)
+
+
+def test_a_string_and_a_float_input_the_float_going_straight_to_the_body():
+    import keras
+
+    keras.utils.set_random_seed(0)
+    colors = keras.layers.StringLookup(
+        vocabulary=["red", "green", "blue"], output_mode="one_hot", name="colors"
+    )
+    inputs = {
+        "color": keras.Input((1,), dtype="string", name="color"),
+        "size": keras.Input((2,), name="size"),
+    }
+    hidden = keras.layers.Concatenate()([colors(inputs["color"]), inputs["size"]])
+    model = keras.Model(inputs, keras.layers.Dense(1)(hidden))
+    x = {
+        "color": np.array([["red"], ["blue"], ["green"], ["pink"]]),
+        "size": np.random.default_rng(0).random((4, 2)).astype("float32"),
+    }
+    opt = infertune.optimize(model, x, backends=["onnxruntime-cpu"], isolation="off", verbose=False)
+    assert opt.report.candidate("tf-head+onnxruntime-cpu").status == "selected"
+    note = next(n for n in opt.report.notes if "split after" in n)
+    assert "colors (StringLookup) run in TensorFlow" in note
+    assert "colors: shape (None, 4) float32; size: shape (None, 2) float32" in note
+    _close(opt, model, x)
+    _close(opt, model, {"color": np.array([[b"blue"]], dtype=object), "size": x["size"][:1]})

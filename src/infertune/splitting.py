@@ -20,6 +20,7 @@ to cut; the reason is said where a model that needs a split cannot be split.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -122,14 +123,21 @@ def _split(
     # A Sequential model has only the lists; a functional one keeps its inputs' structure.
     inputs = model.input if len(model.inputs) > 1 else model.inputs[0]
     outputs = model.outputs[0] if len(model.outputs) == 1 else getattr(model, "output", None)
-    head = keras.Model(inputs, list(boundary), name=f"{model.name}_head")
-    body_inputs = boundary[0] if len(boundary) == 1 else list(boundary)
-    body_model = keras.Model(body_inputs, outputs, name=f"{model.name}_body")
+    # The body takes a dict named after where each tensor comes from (the layer, or the
+    # model's input that goes straight past the head), in the sorted order of its keys,
+    # which is the order of its flat inputs and of the head's outputs.
+    named = sorted(zip(_boundary_names(boundary, input_ids={id(t) for t in model.inputs}),
+                       boundary), key=lambda pair: pair[0])  # fmt: skip
+    head = keras.Model(inputs, [tensor for _, tensor in named], name=f"{model.name}_head")
+    with warnings.catch_warnings():  # "keys must match the tensors' names": only a warning,
+        # for intermediate tensors Keras named itself; a call's dict is matched by its keys
+        warnings.simplefilter("ignore", UserWarning)
+        body_model = keras.Model(dict(named), outputs, name=f"{model.name}_body")
     head_function = _head_function(head, signature)
     body_sample = [np.asarray(t.numpy()) for t in head_function(*sample)]
     body = load_model(body_model)
     body.description = f"the body of {source.description} (after its preprocessing)"
-    structured = body_sample[0] if len(body_sample) == 1 else body_sample
+    structured = {name: array for (name, _), array in zip(named, body_sample)}
     body_signature, _ = build_signature(structured, body.declared_inputs, body.default_float)
     names = [f"{op.name} ({type(op).__name__})" for op in head_ops]
     return Split(head, head_function, body, body_signature, names, signature.strings), None
@@ -213,6 +221,21 @@ def _cut(model: Any) -> tuple[list[Any], list[Any], str | None]:
                 ),
             )
     return head_ops, boundary, None
+
+
+def _boundary_names(boundary: list[Any], input_ids: set[int]) -> list[str]:
+    """A name for each of the body's inputs: the model input's own name, or the name of the
+    head layer that gives it (with its output's index where a layer gives several)."""
+    names = []
+    for tensor in boundary:
+        op, _, index = tensor._keras_history
+        name = tensor.name if id(tensor) in input_ids else op.name
+        if id(tensor) not in input_ids and len(flatten(op._inbound_nodes[0].outputs)[0]) > 1:
+            name = f"{name}_{index}"
+        while name in names:
+            name += "_"
+        names.append(name)
+    return names
 
 
 def _is_string(tensor: Any) -> bool:
