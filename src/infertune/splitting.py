@@ -87,11 +87,16 @@ def find_split(
     strings = signature.strings
     model = source.owner if source.is_keras else None
     kind = type(model).__name__ if model is not None else None
+    layers = [type(layer).__name__ for layer in getattr(model, "layers", None) or ()]
+    found = sorted(set(layers) & HEAD_LAYERS)
+    if not strings and not found:  # nothing a converter is known to reject near the inputs
+        return None, None
+    if kind in ("Functional", "Sequential") and type(model).__module__.split(".")[0] != "keras":
+        return None, (
+            f"{source.description} is a tf_keras model; infertune cuts the layer graph of "
+            f"Keras 3 models"
+        )
     if kind not in ("Functional", "Sequential"):
-        layers = [type(layer).__name__ for layer in getattr(model, "layers", ())]
-        found = sorted(set(layers) & HEAD_LAYERS)
-        if not strings and not found:
-            return None, None
         what = (
             f"string inputs ({', '.join(strings)})"
             if strings
