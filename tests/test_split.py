@@ -113,6 +113,9 @@ def test_the_text_classifiers_chains_are_verified_end_to_end():
     assert "the body from vectorize: shape (None, 8) int64" in split_note
     # With strings no converter takes the whole model: only the chains are tried.
     assert "onnxruntime-cpu" not in [c.name for c in report.candidates]
+    # The body was rehearsed in the child process first (isolation="process", the default).
+    background = report.stages.background["tf-head+onnxruntime-cpu"]
+    assert "rehearsal in the child process" in background
     # Verified on the sample and fresh strings made of its tokens, at another batch size too.
     assert any("random input at batch 1" in n for n in report.notes)
     _close(opt, model, x)
@@ -192,3 +195,13 @@ def test_a_string_and_a_float_input_the_float_going_straight_to_the_body():
     assert "colors: shape (None, 4) float32; size: shape (None, 2) float32" in note
     _close(opt, model, x)
     _close(opt, model, {"color": np.array([[b"blue"]], dtype=object), "size": x["size"][:1]})
+
+
+def test_a_body_that_crashes_in_its_rehearsal_fails_its_chain_not_optimize():
+    from crashing_backends import SegfaultsAtFirstCall
+
+    model, x = tabular_model(), tabular_sample(4)
+    opt = infertune.optimize(model, x, backends=[SegfaultsAtFirstCall()], verbose=False)
+    chain = opt.report.candidate("tf-head+segfaults-at-first-call")
+    assert chain.status == "failed" and "killed the child process" in chain.reason
+    assert opt.backend == "keras-eager"
