@@ -205,3 +205,32 @@ def test_a_body_that_crashes_in_its_rehearsal_fails_its_chain_not_optimize():
     chain = opt.report.candidate("tf-head+segfaults-at-first-call")
     assert chain.status == "failed" and "killed the child process" in chain.reason
     assert opt.backend == "keras-eager"
+
+
+def _buckets_layer():
+    """A layer of the user's own whose graph holds Bucketize, which tf2onnx rejects."""
+    import keras
+    import tensorflow as tf
+
+    class Buckets(keras.layers.Layer):
+        def call(self, x):
+            ids = tf.raw_ops.Bucketize(input=x, boundaries=[0.25, 0.5, 0.75])
+            return tf.reshape(tf.one_hot(ids, 4), (-1, 4))
+
+    return Buckets(name="my_buckets")
+
+
+def test_a_users_layer_with_an_op_a_converter_rejects_goes_in_the_head():
+    import keras
+
+    keras.utils.set_random_seed(0)
+    x = keras.Input((1,), name="x")
+    model = keras.Model(x, keras.layers.Dense(2)(_buckets_layer()(x)))
+    sample = np.random.default_rng(0).random((4, 1)).astype("float32")
+    opt = infertune.optimize(
+        model, sample, backends=["onnxruntime-cpu"], isolation="off", verbose=False
+    )
+    assert "Bucketize" in opt.report.candidate("onnxruntime-cpu").reason  # the whole model
+    assert opt.report.candidate("tf-head+onnxruntime-cpu").status == "selected"
+    assert any("my_buckets (Buckets: Bucketize) run in TensorFlow" in n for n in opt.report.notes)
+    _close(opt, model, sample)

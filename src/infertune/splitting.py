@@ -13,9 +13,11 @@ graph is cut after those layers:
   converting candidate takes as it would take a whole model.
 
 A layer belongs to the head when its class is a preprocessing layer a converter cannot take
-(`HEAD_LAYERS`), or when it takes or gives strings, and every tensor it reads comes from the
-model's inputs or from other head layers. Only Functional and Sequential models have a graph
-to cut; the reason is said where a model that needs a split cannot be split.
+(`HEAD_LAYERS`), when it takes or gives strings, or, for a layer of the user's own, when its
+graph holds an op a converter rejects (`REJECTED_OPS`: it is traced alone to see), and
+every tensor it reads comes from the model's inputs or from other head layers. Only
+Functional and Sequential models have a graph to cut; the reason is said where a model that
+needs a split cannot be split.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from .inputs import InputSignature, build_signature
 from .models import ModelSource, load_model, tensor_specs
 from .structure import flatten
 
-__all__ = ["HEAD_LAYERS", "Split", "find_split"]
+__all__ = ["HEAD_LAYERS", "REJECTED_OPS", "Split", "find_split"]
 
 # Keras preprocessing layers whose ops no converter takes: lookup tables (tf2onnx rejects
 # LookupTableFindV2, TFLite the hash table without its select ops, XLA the resource),
@@ -46,6 +48,26 @@ HEAD_LAYERS = frozenset(
         "HashedCrossing",
         "Discretization",
         "CategoryEncoding",
+    }
+)
+
+
+# TensorFlow ops that a converter rejects (tf2onnx: the tables, string hashing, Bucketize;
+# TFLite without its select ops: the tables and strings; LiteRT: the bincounts): a layer of
+# the user's own near the inputs whose graph holds one goes in the head, as the layers above.
+REJECTED_OPS = frozenset(
+    {
+        "LookupTableFindV2",
+        "LookupTableImportV2",
+        "LookupTableSizeV2",
+        "HashTableV2",
+        "MutableHashTableV2",
+        "StringToHashBucketFast",
+        "StringToHashBucketStrong",
+        "Bucketize",
+        "DenseBincount",
+        "Bincount",
+        "SparseBincount",
     }
 )
 
@@ -67,7 +89,8 @@ class Split:
         """Where the model was split and why, in one line (for the report)."""
         return (
             f"split after its preprocessing: {', '.join(self.head_layers)} run in TensorFlow "
-            f"(no converter takes lookup tables or strings); the body from "
+            f"(converters reject their lookup tables, strings, bucketizing or bincounts); "
+            f"the body from "
             f"{self.body_signature.describe()} goes to every converting candidate, each "
             f"named tf-head+<candidate> and verified end to end against the whole model"
             + (
@@ -87,10 +110,10 @@ def find_split(
     strings = signature.strings
     model = source.owner if source.is_keras else None
     kind = type(model).__name__ if model is not None else None
-    layers = [type(layer).__name__ for layer in getattr(model, "layers", None) or ()]
-    found = sorted(set(layers) & HEAD_LAYERS)
-    if not strings and not found:  # nothing a converter is known to reject near the inputs
-        return None, None
+    layers = getattr(model, "layers", None) or ()
+    found = sorted({type(layer).__name__ for layer in layers} & HEAD_LAYERS)
+    if not strings and not found and not any(_is_users(layer) for layer in layers):
+        return None, None  # nothing a converter is known to reject near the inputs
     if kind in ("Functional", "Sequential") and type(model).__module__.split(".")[0] != "keras":
         return None, (
             f"{source.description} is a tf_keras model; infertune cuts the layer graph of "
@@ -144,13 +167,13 @@ def _split(
     body.description = f"the body of {source.description} (after its preprocessing)"
     structured = {name: array for (name, _), array in zip(named, body_sample)}
     body_signature, _ = build_signature(structured, body.declared_inputs, body.default_float)
-    names = [f"{op.name} ({type(op).__name__})" for op in head_ops]
-    return Split(head, head_function, body, body_signature, names, signature.strings), None
+    return Split(head, head_function, body, body_signature, head_ops, signature.strings), None
 
 
-def _cut(model: Any) -> tuple[list[Any], list[Any], str | None]:
-    """The head's layers and the body's input tensors (in the graph's order), or why the
-    model cannot be cut."""
+def _cut(model: Any) -> tuple[list[str], list[Any], str | None]:
+    """The head's layers ("name (Class)", with the rejected ops that put a user's layer
+    there) and the body's input tensors (in the graph's order), or why the model cannot be
+    cut."""
     input_ids = {id(t) for t in model.inputs}
 
     def node_of(tensor: Any) -> Any:
@@ -175,24 +198,27 @@ def _cut(model: Any) -> tuple[list[Any], list[Any], str | None]:
             if id(tensor) not in input_ids and id(node_of(tensor)) not in seen:
                 stack.append((node_of(tensor), False))
     in_head = dict.fromkeys(input_ids, True)  # tensor id -> from the inputs by head layers only
-    head_ops: list[Any] = []
+    head_ops: list[str] = []
     head_nodes: set[int] = set()
     for node in nodes:
         reads = list(node.input_tensors)
         outputs = flatten(node.outputs)[0]
         strings = any(_is_string(t) for t in reads + outputs)
         op = node.operation
+        rejected: list[str] = []
         head = (
             bool(reads)
             and all(in_head.get(id(t), False) for t in reads)
-            and (type(op).__name__ in HEAD_LAYERS or strings)
+            and (type(op).__name__ in HEAD_LAYERS or strings or bool(rejected := _rejected(node)))
         )
         for tensor in outputs:
             in_head[id(tensor)] = head
         if head:
             head_nodes.add(id(node))
-            if all(op is not known for known in head_ops):
-                head_ops.append(op)
+            name = f"{op.name} ({type(op).__name__}"
+            name += f": {', '.join(rejected)})" if rejected else ")"
+            if name not in head_ops:
+                head_ops.append(name)
     boundary: list[Any] = []
     for node in nodes:
         if id(node) in head_nodes:
@@ -241,6 +267,36 @@ def _boundary_names(boundary: list[Any], input_ids: set[int]) -> list[str]:
             name += "_"
         names.append(name)
     return names
+
+
+def _is_users(layer: Any) -> bool:
+    """A layer of the user's own (or a Lambda): its graph is not known until traced."""
+    cls = type(layer)
+    return cls.__name__ == "Lambda" or cls.__module__.split(".")[0] not in ("keras", "tf_keras")
+
+
+def _rejected(node: Any) -> list[str]:
+    """The ops of REJECTED_OPS in a user's layer, traced alone on its inputs' specs (Keras'
+    own layers are known by class: they are not traced)."""
+    if not _is_users(node.operation):
+        return []
+    import tensorflow as tf
+
+    reads = list(node.input_tensors)
+
+    def call(*tensors):
+        args, kwargs = node.arguments.fill_in({id(t): x for t, x in zip(reads, tensors)})
+        return node.operation(*args, **kwargs)
+
+    specs = [tf.TensorSpec(t.shape, t.dtype) for t in reads]
+    try:
+        graph = tf.function(call, autograph=False).get_concrete_function(*specs).graph
+    except Exception:  # noqa: BLE001 - a layer that does not trace alone stays in the body
+        return []
+    definition = graph.as_graph_def()
+    ops = {n.op for n in definition.node}
+    ops |= {n.op for f in definition.library.function for n in f.node_def}
+    return sorted(ops & REJECTED_OPS)
 
 
 def _is_string(tensor: Any) -> bool:
