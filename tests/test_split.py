@@ -55,6 +55,14 @@ def test_models_that_cannot_or_need_not_be_split_say_why():
     import keras
 
     assert _split(dense_model(), np.zeros((2, 6), np.float32)) == (None, None)
+
+    class Doubled(keras.layers.Layer):  # the user's own, traced: nothing a converter rejects
+        def call(self, x):
+            return 2.0 * x
+
+    x = keras.Input((3,))
+    plain = keras.Model(x, keras.layers.Dense(1)(Doubled()(x)))
+    assert _split(plain, np.zeros((2, 3), np.float32)) == (None, None)
     # Nothing after the preprocessing: the output is the lookup's own.
     ids = keras.Input((1,), dtype="int64")
     encode = keras.layers.IntegerLookup(vocabulary=[1, 2, 3], output_mode="one_hot")

@@ -112,14 +112,18 @@ def find_split(
     kind = type(model).__name__ if model is not None else None
     layers = getattr(model, "layers", None) or ()
     found = sorted({type(layer).__name__ for layer in layers} & HEAD_LAYERS)
-    if not strings and not found and not any(_is_users(layer) for layer in layers):
+    known = bool(strings or found)  # needs a split, whatever the user's own layers hold
+    if not known and not any(_is_users(layer) for layer in layers):
         return None, None  # nothing a converter is known to reject near the inputs
-    if kind in ("Functional", "Sequential") and type(model).__module__.split(".")[0] != "keras":
-        return None, (
-            f"{source.description} is a tf_keras model; infertune cuts the layer graph of "
-            f"Keras 3 models"
-        )
-    if kind not in ("Functional", "Sequential"):
+    graph = kind in ("Functional", "Sequential")
+    if not graph or type(model).__module__.split(".")[0] != "keras":
+        if not known:  # only the user's own layers, which are traced in a Keras 3 graph
+            return None, None
+        if graph:
+            return None, (
+                f"{source.description} is a tf_keras model; infertune cuts the layer graph "
+                f"of Keras 3 models"
+            )
         what = (
             f"string inputs ({', '.join(strings)})"
             if strings
@@ -133,7 +137,7 @@ def find_split(
     try:
         return _split(source, model, signature, sample)
     except Exception as exc:  # the model runs whole, as without a split; the report says why
-        return None, f"splitting it failed: {one_line(exc)}"
+        return None, (f"splitting it failed: {one_line(exc)}" if known else None)
 
 
 def _split(
