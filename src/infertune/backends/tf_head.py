@@ -95,6 +95,7 @@ class TfHeadChain(Backend):
 
     def convert(self, target: Target) -> None:
         """The body's conversion (where its candidate is rehearsed in the child process)."""
+        self._body_signature = self.split.body_signature
         self.body.convert(self._body_target(target))
         self._take_exact_shapes(target)
 
@@ -120,12 +121,13 @@ class TfHeadChain(Backend):
         self._body_signature = split.body_signature
         self.body.prepare(body_target)
         self._take_exact_shapes(target)
+        self.split = None  # the body's Keras model and its sample's signature: not needed now
 
     def _take_exact_shapes(self, target: Target) -> None:
         """Where the body runs only its sample's shapes, the chain runs only the model's."""
         if self.body.exact_shapes is None:
             return
-        if any(None in spec.shape[1:] for spec in self.split.body_signature.specs):
+        if any(None in spec.shape[1:] for spec in self._body_signature.specs):
             raise NotApplicable(
                 f"its body runs only the shapes {self.body.exact_shapes} "
                 f"({self.body.exact_reason}), while the head's output shape varies with "
