@@ -9,7 +9,7 @@ dtype or feature shape fails with a message naming the input, not deep inside a 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -22,17 +22,31 @@ __all__ = ["InputSpec", "InputSignature", "build_signature", "to_numpy"]
 
 @dataclass(frozen=True)
 class InputSpec:
-    """One input tensor: its name, shape (None = any size), dtype and the sample's value range."""
+    """One input tensor: its name, shape (None = any size), dtype and the sample's value range.
+
+    A string input (dtype object: what TensorFlow gives for tf.string) keeps, as its range,
+    the fewest and most whitespace-separated tokens in one of the sample's strings, and in
+    `tokens` the sample's distinct tokens: fresh inputs recombine them, so that they reach
+    the model's vocabulary (random bytes would all map to the out-of-vocabulary index and
+    verify nothing). The tokens are the user's data: they are never written to a saved
+    result (`to_dict` leaves them out); a loaded signature draws strings of "tokens" alone.
+    """
 
     name: str
     shape: tuple[int | None, ...]
     dtype: np.dtype
     low: float = 0.0
     high: float = 1.0
+    tokens: tuple[str, ...] = field(default=(), repr=False, compare=False)
+
+    @property
+    def is_string(self) -> bool:
+        return self.dtype.kind == "O"
 
     def describe(self) -> str:
         dims = ", ".join("None" if d is None else str(d) for d in self.shape)
-        return f"{self.name}: shape ({dims}{',' if len(self.shape) == 1 else ''}) {self.dtype.name}"
+        kind = "string" if self.is_string else self.dtype.name
+        return f"{self.name}: shape ({dims}{',' if len(self.shape) == 1 else ''}) {kind}"
 
     def to_dict(self) -> dict:
         return {
@@ -116,6 +130,11 @@ class InputSignature:
     @property
     def names(self) -> list[str]:
         return [spec.name for spec in self.specs]
+
+    @property
+    def strings(self) -> list[str]:
+        """The names of the string inputs (which only TensorFlow runs)."""
+        return [spec.name for spec in self.specs if spec.is_string]
 
     @property
     def batch_is_dynamic(self) -> bool:
@@ -278,7 +297,15 @@ def _structure_words(structure: Structure) -> str:
 
 
 def _cast(array: np.ndarray, spec: InputSpec) -> np.ndarray:
-    """Cast as Keras would (float64 -> float32, int64 -> int32); refuse a change of kind."""
+    """Cast as Keras would (float64 -> float32, int64 -> int32); refuse a change of kind.
+    Strings (numpy str or bytes) become an object array, as a tf.string tensor's numpy()."""
+    if spec.is_string or array.dtype.kind in "USO":
+        if spec.is_string and array.dtype.kind in "US":
+            return array.astype(object)
+        expected = "string" if spec.is_string else spec.dtype.name
+        raise InputError(
+            f"Input '{spec.name}' has dtype {_kind_words(array.dtype)}; expected {expected}."
+        )
     if np.can_cast(array.dtype, spec.dtype, casting="same_kind") and not (
         array.dtype.kind == "b" and spec.dtype.kind != "b"
     ):
@@ -290,8 +317,16 @@ def _cast(array: np.ndarray, spec: InputSpec) -> np.ndarray:
     )
 
 
+def _kind_words(dtype: np.dtype) -> str:
+    if dtype.kind in "US":
+        return f"{dtype} (strings)"
+    return dtype.name
+
+
 def _draw(rng: np.random.Generator, spec: InputSpec, shape: tuple[int, ...]) -> np.ndarray:
     dtype = spec.dtype
+    if spec.is_string:
+        return _draw_strings(rng, spec, shape)
     if dtype.kind == "b":
         return rng.integers(0, 2, size=shape).astype(bool)
     if dtype.kind in "iu":
@@ -305,6 +340,19 @@ def _draw(rng: np.random.Generator, spec: InputSpec, shape: tuple[int, ...]) -> 
     if high <= low:  # a constant sample: vary around it so that inputs still differ
         low, high = low - 1.0, high + 1.0
     return rng.uniform(low, high, size=shape).astype(dtype)
+
+
+def _draw_strings(rng: np.random.Generator, spec: InputSpec, shape: tuple[int, ...]) -> np.ndarray:
+    """Strings of the sample's own tokens, shuffled and recombined, as many per string as
+    in the sample's strings (one, for a categorical input such as a StringLookup's)."""
+    pool = spec.tokens or ("tokens",)
+    low, high = int(spec.low), max(int(spec.low), int(spec.high))
+    out = np.empty(shape, dtype=object)
+    flat = out.reshape(-1)
+    for i in range(flat.size):
+        count = int(rng.integers(low, high, endpoint=True))
+        flat[i] = " ".join(pool[j] for j in rng.integers(0, len(pool), size=count))
+    return out
 
 
 # -- building the signature --------------------------------------------------------------
@@ -384,10 +432,12 @@ def _match_declared(structure: Structure, names: list[str], declared: Any | None
 def _spec_for(
     name: str, array: np.ndarray, decl: DeclaredInput | None, default_float: np.dtype | None
 ) -> InputSpec:
-    if array.dtype.kind not in "biuf":
+    if array.dtype.kind not in "biufUSO" or (array.dtype.kind == "O" and not _all_strings(array)):
         raise InputError(
-            f"Input '{name}' has dtype {array.dtype}; infertune handles bool, integer and "
-            f"float inputs."
+            f"Input '{name}' has dtype {array.dtype}"
+            f"{' holding values that are not strings' if array.dtype.kind == 'O' else ''}; "
+            f"infertune handles bool, integer, float and string inputs (numpy str, bytes or "
+            f"object arrays of str/bytes, tf.string tensors)."
         )
     if decl is not None and decl.shape is not None:
         if len(decl.shape) != array.ndim:
@@ -406,10 +456,15 @@ def _spec_for(
         shape = (None, *array.shape[1:]) if array.ndim else ()
     if decl is not None and decl.dtype is not None:
         dtype = np.dtype(decl.dtype)
+    elif array.dtype.kind in "USO":
+        dtype = np.dtype(object)  # what a tf.string tensor gives
     elif array.dtype.kind == "f" and default_float is not None:
         dtype = np.dtype(default_float)
     else:
         dtype = array.dtype
+    if dtype.kind == "O" and array.dtype.kind in "USO":
+        low, high, tokens = _token_range(array)
+        return InputSpec(name, shape, dtype, low, high, tokens)
     low, high = _value_range(array)
     return InputSpec(name, shape, dtype, low, high)
 
@@ -418,10 +473,35 @@ def _dims(shape: tuple) -> str:
     return "(" + ", ".join("None" if d is None else str(d) for d in shape) + ")"
 
 
+def _all_strings(array: np.ndarray) -> bool:
+    return all(isinstance(value, str | bytes) for value in array.reshape(-1))
+
+
+# Distinct tokens kept from the sample's strings for fresh inputs: enough to recombine, and a
+# bound on the memory a large text sample can take.
+MAX_TOKENS = 10_000
+
+
+def _token_range(array: np.ndarray) -> tuple[float, float, tuple[str, ...]]:
+    """The fewest and most whitespace-separated tokens in one string, and the distinct tokens
+    (bytes decoded as UTF-8), in the order met."""
+    counts, tokens = [], {}
+    for value in array.reshape(-1):
+        text = value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+        words = text.split()
+        counts.append(len(words))
+        for word in words:
+            if len(tokens) < MAX_TOKENS:
+                tokens.setdefault(word, None)
+    if not counts:
+        return 0.0, 1.0, ()
+    return float(min(counts)), float(max(counts)), tuple(tokens)
+
+
 def _value_range(array: np.ndarray) -> tuple[float, float]:
     if array.size == 0:
         return 0.0, 1.0
-    if array.dtype.kind == "b":
+    if array.dtype.kind in "bUSO":  # strings where the model takes numbers: refused later
         return 0.0, 1.0
     return float(array.min()), float(array.max())
 

@@ -194,6 +194,8 @@ def _declared_from_fn(fn: Any) -> Any | None:
 def _np_dtype(dtype: Any) -> np.dtype | None:
     if dtype is None:
         return None
+    if dtype == "string":  # a Keras input's dtype name for tf.string
+        return np.dtype(object)
     as_numpy = getattr(dtype, "as_numpy_dtype", None)  # tf.DType
     try:
         return np.dtype(as_numpy if as_numpy is not None else dtype)

@@ -13,10 +13,21 @@ from .onnxruntime_gpu import onnxruntime_gpu_variants
 from .openvino import OpenVinoCpu, OpenVinoCpuBf16
 from .tensorrt import TensorRtEngine, TensorRtEngineFp16
 from .tf_function import TfFunction
+from .tf_head import TensorFlowOnly, TfHeadChain
 from .tf_trt import TfTrt
 from .tf_xla import TfXla
 
-__all__ = ["BACKENDS", "GPU_BACKENDS", "Backend", "KerasEager", "Target", "backend_class"]
+__all__ = [
+    "BACKENDS",
+    "GPU_BACKENDS",
+    "Backend",
+    "KerasEager",
+    "Target",
+    "TensorFlowOnly",
+    "TfFunction",
+    "TfHeadChain",
+    "backend_class",
+]
 
 # The GPU candidates: without a GPU each is `unavailable` with its reason (gpu.py).
 _GPU: dict[str, Callable[[], Backend]] = {
@@ -47,8 +58,12 @@ def backend_class(kind: str) -> type[Backend] | None:
     Variants share a class: "onnxruntime-cpu:threads=1" is an OnnxRuntimeCpu named
     "onnxruntime-cpu" plus its settings. BACKENDS holds classes and functools.partial's of them.
     """
-    classes: dict[str, type[Backend]] = {KerasEager.name: KerasEager}
+    classes: dict[str, type[Backend]] = {KerasEager.name: KerasEager, TfHeadChain.name: TfHeadChain}
     for factory in BACKENDS.values():
         cls = getattr(factory, "func", factory)
         classes.setdefault(cls.name, cls)
     return classes.get(kind)
+
+
+# A split model's chain loads its body's backend by kind through this registry.
+TfHeadChain.body_class = staticmethod(backend_class)

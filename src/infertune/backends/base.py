@@ -122,6 +122,20 @@ class Backend(ABC):
     def run(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
         """Run one batch: flat numpy inputs in signature order, flat numpy outputs on the host."""
 
+    def rehearsed_part(self) -> Backend:
+        """The backend the rehearsal child rebuilds and runs for this candidate, whose class
+        decides whether there is a rehearsal (`rehearse_in_child`): itself, or for a split
+        model's chain (backends/tf_head.py) its body's backend (the child has no TensorFlow
+        for the head)."""
+        return self
+
+    def rehearsal(
+        self, target: Target, inputs: list[list[np.ndarray]]
+    ) -> tuple[Backend, Target, list[list[np.ndarray]]]:
+        """After convert(): the `rehearsed_part()`, its target and the inputs it runs there
+        (the verification inputs; a chain's body gets the head's outputs on them)."""
+        return self, target, inputs
+
     def single_runner(self, shape: tuple[int, ...]) -> Callable[[np.ndarray], np.ndarray] | None:
         """Optional, for a model with one input and one output: a function that runs one input
         array of exactly `shape` (the tuned one) and returns the output array, with less

@@ -137,7 +137,7 @@ class Isolation:
         may change how it is built (its constructor, model_bytes) in ways its files do not
         carry, so it does not inherit the rehearsal.
         """
-        cls = type(backend)
+        cls = type(backend.rehearsed_part())
         return (
             self.mode == "process"
             and cls.__dict__.get("rehearse_in_child", False)
@@ -164,10 +164,12 @@ class Isolation:
         target: Target,
         inputs: list[list[np.ndarray]],
         allowed_s: float | None,
+        name: str | None = None,
     ) -> Rehearsal:
         """Queue `backend`'s rehearsal in the child: rebuilt from its files, run on every
         input there, within `allowed_s` seconds from when the child starts it (None: no
-        limit). Returns at once; `wait()` on the result for the verdict.
+        limit). Returns at once; `wait()` on the result for the verdict. `name`: the
+        candidate's, where the backend rehearsed is a part of it (a split model's body).
 
         Raises RehearsalUnavailable (no child can start here), or what save_artifact raised.
         """
@@ -189,7 +191,7 @@ class Isolation:
             (job / "job.json").write_text(json.dumps(spec))
             arrays = {f"{i}_{j}": a for i, call in enumerate(inputs) for j, a in enumerate(call)}
             np.savez(job / "inputs.npz", **arrays)
-            rehearsal = Rehearsal(self, backend.name, job, allowed_s)
+            rehearsal = Rehearsal(self, name or backend.name, job, allowed_s)
             with self._lock:
                 self._send(rehearsal)
         except BaseException:

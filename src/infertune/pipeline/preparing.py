@@ -426,7 +426,7 @@ def _start(state: _Candidate, run: _Run, background: ThreadPoolExecutor) -> bool
         checks = checks_for(backend, run.checks)
         try:
             state.rehearsal = isolation.submit(
-                backend, run.target, [c.inputs for c in checks], allowed
+                *backend.rehearsal(run.target, [c.inputs for c in checks]), allowed, name
             )
         except RehearsalUnavailable as exc:
             isolation.fall_back(str(exc))

@@ -8,12 +8,13 @@ and writes the report.
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from ..backends import BACKENDS, Backend, KerasEager
+from ..backends import BACKENDS, Backend, KerasEager, TensorFlowOnly, TfFunction, TfHeadChain
 from ..environment import collect_environment, fingerprint
 from ..errors import ModelError
 from ..gpu import enable_tf_memory_growth
@@ -24,6 +25,7 @@ from ..options import Options
 from ..progress import Progress
 from ..report import CandidateResult, Diagnosis, Report
 from ..result.choice import Choice
+from ..splitting import Split, find_split
 from ..stages import StageTimes
 from ..target import Target
 from ..verify import ELEMENT_RULE
@@ -59,24 +61,64 @@ class Model:
     gpu_growth: dict  # what enable_tf_memory_growth() did, for the report
 
 
-def candidates(source: ModelSource, options: Options) -> list[Backend]:
+def candidates(
+    source: ModelSource,
+    options: Options,
+    split: Split | None = None,
+    unsplit: str | None = None,
+) -> list[Backend]:
     """The reference (the model's own call) first, then the requested (or all registered)
-    backends, each a new instance."""
+    backends, each a new instance.
+
+    Where the model is split (`split`), each candidate that converts the model gets a chain
+    (TfHeadChain: the TensorFlow head, then the body on that candidate), after the candidates
+    of the whole model. The whole model stays a candidate too unless it takes strings (which
+    no converter takes): a converter may take some preprocessing layers whole (LiteRT takes
+    Discretization, every runtime a one-hot CategoryEncoding), and the whole model then runs
+    without the head's TensorFlow call, 0.1-0.2 ms. Where the model takes strings and cannot
+    be split (`unsplit` says why), the converting candidates are skipped with that reason."""
     reference = KerasEager("keras-eager" if source.is_keras else "original")
-    if options.backends is None:
-        return [reference, *(factory() for factory in BACKENDS.values())]
-    chosen = [b if isinstance(b, Backend) else BACKENDS[b]() for b in options.backends]
+    wanted = list(BACKENDS) if options.backends is None else list(options.backends)
+
+    def new(b: str | Backend) -> Backend:  # a user's own instance is copied unprepared
+        return copy.copy(b) if isinstance(b, Backend) else BACKENDS[b]()
+
+    chosen = [b if isinstance(b, Backend) else BACKENDS[b]() for b in wanted]
+    if split is not None:
+        # Without strings, a candidate that cannot run here says so once, as the whole model.
+        chains = [
+            TfHeadChain(new(b), split)
+            for b, made in zip(wanted, chosen)
+            if not _runs_in_tensorflow(made) and (split.strings or made.available() is None)
+        ]
+        whole = [b for b in chosen if _runs_in_tensorflow(b) or not split.strings]
+        return [reference, *whole, *chains]
+    if unsplit is not None:
+        chosen = [b if _runs_in_tensorflow(b) else TensorFlowOnly(b, unsplit) for b in chosen]
     return [reference, *chosen]
+
+
+def _runs_in_tensorflow(backend: Backend) -> bool:
+    """A candidate that runs the whole model as TensorFlow runs it (strings, lookup tables
+    and all): the model's own call, and tf.function without XLA."""
+    if isinstance(backend, KerasEager | TfHeadChain | TensorFlowOnly):
+        return True
+    return type(backend) is TfFunction
 
 
 def tune(model: Model, options: Options, progress: Progress) -> tuple[Choice, Report]:
     """Every stage of optimize() after the model is loaded: the choice and its report."""
     source, signature, sample = model.source, model.signature, model.sample
     times = progress.times
-    backends = candidates(source, options)
     batch_sizes = tuned_batch_sizes(options.batch_sizes, signature)
     with progress.timed("reference", text="computing reference outputs"):
         reference, structure, first_call_s = reference_outputs(source, signature, sample)
+    with progress.timed("split", text="looking for preprocessing to run apart"):
+        split, unsplit = find_split(source, signature, sample)
+    if split is not None:
+        progress.say(f"the model is {split.describe()}")
+    # Without strings, a model that cannot be split still goes whole to every converter.
+    backends = candidates(source, options, split, unsplit if signature.strings else None)
     dtypes = [ref.dtype for ref in reference]
     target = Target(source, signature, structure, dtypes, options.objective, options.concurrency)
     with progress.timed("verification inputs"):
@@ -146,6 +188,7 @@ def tune(model: Model, options: Options, progress: Progress) -> tuple[Choice, Re
     learn_from_run(record, planned, kinds, statuses, times, serving)
     notes = (
         _notes(target, checks, results)
+        + _split_notes(split, unsplit, signature.strings)
         + precision_notes
         + target.notes
         + _plan_notes(options, tried, results)
@@ -247,6 +290,17 @@ def _concurrency_notes(options: Options, under_load: str | None) -> list[str]:
             f"{options.concurrency}): latency is per call under that load, samples/s in total"
         ]
     return [under_load] if under_load else []
+
+
+def _split_notes(split: Split | None, unsplit: str | None, strings: list[str]) -> list[str]:
+    """Where the model was split and why, or why a model that needs a split was not."""
+    if split is not None:
+        return [f"the model is {split.describe()}"]
+    if unsplit is not None and strings:
+        return [f"only TensorFlow candidates run this model: {unsplit}"]
+    if unsplit is not None:
+        return [f"the model was not split (every candidate converts it whole): {unsplit}"]
+    return []
 
 
 def _gpu_notes(growth: dict) -> list[str]:

@@ -38,6 +38,7 @@ import numpy as np
 from .._version import __version__
 from ..backends import backend_class
 from ..backends.base import Backend
+from ..backends.tf_function import tensorflow_missing
 from ..environment import collect_environment, differences, fingerprint, install_hint
 from ..errors import ArtifactError, EnvironmentMismatchError, ExportError, one_line
 from ..inputs import InputSignature
@@ -276,10 +277,17 @@ class Saved:
                 continue
             extra = entry.get("requires")
             fix = install_hint(extra) if extra else "install its runtime"
+            strings = self.inputs.strings
+            why = (
+                f" The model takes string inputs ({', '.join(strings)}), which only TensorFlow "
+                f"runs (no converter takes strings): any result for it needs TensorFlow."
+                if strings and tensorflow_missing() is not None
+                else ""
+            )
             return (
                 f"The saved result uses the {entry['name']} candidate, which cannot run here: "
-                f"{reason}. Install what it needs ({fix}), or pass model=, sample_input= and "
-                f"on_mismatch='retune' to tune again among the candidates that run here."
+                f"{reason}.{why} Install what it needs ({fix}), or pass model=, sample_input= "
+                f"and on_mismatch='retune' to tune again among the candidates that run here."
             )
         return None
 
