@@ -43,10 +43,11 @@ def test_the_text_classifier_is_split_after_its_text_vectorization():
 def test_the_tabular_model_keeps_its_normalization_in_the_body():
     split, why = _split(tabular_model(), tabular_sample())
     assert why is None
-    assert sorted(split.head_layers) == ["buckets (Discretization)", "lookup (IntegerLookup)"]
-    # Normalization is plain arithmetic: its raw float input goes straight to the body.
+    assert split.head_layers == ["lookup (IntegerLookup)"]
+    # Normalization is plain arithmetic and Discretization converts through an exact rewrite
+    # (export/rewrites.py): their raw float inputs go straight to the body.
     assert split.body_signature.describe() == (
-        "amount: shape (None, 3) float32; buckets: shape (None, 4) float32; "
+        "age: shape (None, 1) float32; amount: shape (None, 3) float32; "
         "lookup: shape (None, 6) float32"
     )
 
@@ -216,13 +217,14 @@ def test_a_body_that_crashes_in_its_rehearsal_fails_its_chain_not_optimize():
 
 
 def _buckets_layer():
-    """A layer of the user's own whose graph holds Bucketize, which tf2onnx rejects."""
+    """A layer of the user's own whose graph hashes strings, which no converter takes."""
     import keras
     import tensorflow as tf
 
     class Buckets(keras.layers.Layer):
         def call(self, x):
-            ids = tf.raw_ops.Bucketize(input=x, boundaries=[0.25, 0.5, 0.75])
+            text = tf.strings.as_string(tf.cast(x * 4, tf.int64))
+            ids = tf.strings.to_hash_bucket_fast(text, 4)
             return tf.reshape(tf.one_hot(ids, 4), (-1, 4))
 
     return Buckets(name="my_buckets")
@@ -238,7 +240,8 @@ def test_a_users_layer_with_an_op_a_converter_rejects_goes_in_the_head():
     opt = infertune.optimize(
         model, sample, backends=["onnxruntime-cpu"], isolation="off", verbose=False
     )
-    assert "Bucketize" in opt.report.candidate("onnxruntime-cpu").reason  # the whole model
+    assert "StringToHashBucketFast" in opt.report.candidate("onnxruntime-cpu").reason
     assert opt.report.candidate("tf-head+onnxruntime-cpu").status == "selected"
-    assert any("my_buckets (Buckets: Bucketize) run in TensorFlow" in n for n in opt.report.notes)
+    note = "my_buckets (Buckets: StringToHashBucketFast) run in TensorFlow"
+    assert any(note in n for n in opt.report.notes)
     _close(opt, model, sample)

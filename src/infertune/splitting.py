@@ -12,7 +12,7 @@ graph is cut after those layers:
 - the body: a Keras functional model from those tensors to the model's outputs, which every
   converting candidate takes as it would take a whole model.
 
-A layer belongs to the head when its class is a preprocessing layer a converter cannot take
+A layer belongs to the head when its class is a preprocessing layer no converter takes
 (`HEAD_LAYERS`), when it takes or gives strings, or, for a layer of the user's own, when its
 graph holds an op a converter rejects (`REJECTED_OPS`: it is traced alone to see), and
 every tensor it reads comes from the model's inputs or from other head layers. Only
@@ -37,8 +37,9 @@ __all__ = ["HEAD_LAYERS", "REJECTED_OPS", "Split", "find_split"]
 
 # Keras preprocessing layers whose ops no converter takes: lookup tables (tf2onnx rejects
 # LookupTableFindV2, TFLite the hash table without its select ops, XLA the resource),
-# strings, hashing of strings, bucketizing and bincounts (LiteRT rejects DenseBincount).
-# Normalization and Rescaling are plain arithmetic: they stay in the body.
+# strings and hashing of strings. Normalization and Rescaling are plain arithmetic, and
+# Discretization (Bucketize) and CategoryEncoding (DenseBincount) convert through the exact
+# rewrites of export/rewrites.py: they stay in the body.
 HEAD_LAYERS = frozenset(
     {
         "TextVectorization",
@@ -46,14 +47,12 @@ HEAD_LAYERS = frozenset(
         "IntegerLookup",
         "Hashing",
         "HashedCrossing",
-        "Discretization",
-        "CategoryEncoding",
     }
 )
 
 
-# TensorFlow ops that a converter rejects (tf2onnx: the tables, string hashing, Bucketize;
-# TFLite without its select ops: the tables and strings; LiteRT: the bincounts): a layer of
+# TensorFlow ops that a converter rejects and no exact rewrite covers (the tables, string
+# hashing, the sparse and ragged bincounts): a layer of
 # the user's own near the inputs whose graph holds one goes in the head, as the layers above.
 REJECTED_OPS = frozenset(
     {
@@ -64,10 +63,8 @@ REJECTED_OPS = frozenset(
         "MutableHashTableV2",
         "StringToHashBucketFast",
         "StringToHashBucketStrong",
-        "Bucketize",
-        "DenseBincount",
-        "Bincount",
         "SparseBincount",
+        "RaggedBincount",
     }
 )
 
