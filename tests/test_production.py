@@ -1,0 +1,195 @@
+"""Tiny versions of the production models (benchmarks/production.py): a recommender of four
+dict inputs (int64 ids among them) and two named heads, a tabular model with adapted
+preprocessing layers. What a service relies on: opt(x) returns the model's own output form
+(a dict of named heads stays one), each head matches model(x), and the call path's fast
+check of a dict of arrays accepts what the model takes (casting ids as Keras would) and
+refuses the rest with a message naming the input.
+
+String inputs, lookup layers and CategoryEncoding are another part of the work (issue 23):
+their tiny versions come with it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import infertune
+from infertune.inputs import build_signature
+
+# optimize()'s default rtol: every candidate was verified under it (relative norm).
+RTOL = 1e-3
+ORT = ["onnxruntime-cpu"]  # the call path this file is about: ONNX Runtime's session
+FEATURES = 13
+
+
+def recommender(users: int = 50, items: int = 40, categories: int = 6):
+    """Three int64 ids through Embeddings and 13 float features; heads `click`, `rating`."""
+    import keras
+    from keras import layers
+
+    keras.utils.set_random_seed(0)
+    counts = {"user_id": users, "item_id": items, "category_id": categories}
+    ids = {name: keras.Input((1,), dtype="int64", name=name) for name in counts}
+    features = keras.Input((FEATURES,), dtype="float32", name="features")
+    parts = [layers.Flatten()(layers.Embedding(counts[n], 4)(t)) for n, t in ids.items()]
+    x = layers.Concatenate()([*parts, layers.Dense(8, activation="relu")(features)])
+    x = layers.Dense(8, activation="relu")(x)
+    heads = {
+        "click": layers.Dense(1, activation="sigmoid", name="click")(x),
+        "rating": layers.Dense(2, name="rating")(x),
+    }
+    return keras.Model({**ids, "features": features}, heads)
+
+
+def recommender_inputs(rng, batch: int) -> dict[str, np.ndarray]:
+    return {
+        "user_id": rng.integers(0, 50, (batch, 1)).astype(np.int64),
+        "item_id": rng.integers(0, 40, (batch, 1)).astype(np.int64),
+        "category_id": rng.integers(0, 6, (batch, 1)).astype(np.int64),
+        "features": rng.standard_normal((batch, FEATURES)).astype(np.float32),
+    }
+
+
+def tabular():
+    """A dict of three inputs: numeric features through an adapted Normalization, an amount
+    through an adapted Discretization, int64 codes through an Embedding; an MLP."""
+    import keras
+    from keras import layers
+
+    keras.utils.set_random_seed(0)
+    data = tabular_inputs(np.random.default_rng(5), 64)
+    normalize = layers.Normalization()
+    normalize.adapt(data["numeric"])
+    buckets = layers.Discretization(num_bins=4, epsilon=0.01)
+    buckets.adapt(data["amount"])
+    numeric = keras.Input((5,), dtype="float32", name="numeric")
+    amount = keras.Input((1,), dtype="float32", name="amount")
+    code = keras.Input((1,), dtype="int64", name="code")
+    x = layers.Concatenate()(
+        [
+            normalize(numeric),
+            layers.Flatten()(layers.Embedding(4, 3)(buckets(amount))),
+            layers.Flatten()(layers.Embedding(30, 3)(code)),
+        ]
+    )
+    x = layers.Dense(8, activation="relu")(x)
+    return keras.Model({"numeric": numeric, "amount": amount, "code": code}, layers.Dense(1)(x))
+
+
+def tabular_inputs(rng, batch: int) -> dict[str, np.ndarray]:
+    return {
+        "numeric": rng.normal(50.0, 20.0, (batch, 5)).astype(np.float32),
+        "amount": rng.lognormal(3.0, 1.0, (batch, 1)).astype(np.float32),
+        "code": rng.integers(0, 30, (batch, 1)).astype(np.int64),
+    }
+
+
+def relative_error(out: np.ndarray, ref) -> float:
+    ref = np.asarray(ref, dtype=np.float64)
+    return float(np.linalg.norm(out - ref) / np.linalg.norm(ref))
+
+
+@pytest.fixture(scope="module")
+def recommender_opt():
+    model = recommender()
+    sample = recommender_inputs(np.random.default_rng(0), 2)
+    return model, infertune.optimize(model, sample, backends=ORT, verbose=False)
+
+
+# -- the recommender -------------------------------------------------------------------------
+def test_recommender_keeps_its_named_heads_and_matches_the_model(recommender_opt, rng):
+    model, opt = recommender_opt
+    assert opt.backend == "onnxruntime-cpu"
+    for batch in (1, 2, 7):
+        x = recommender_inputs(rng, batch)
+        got, want = opt(x), model(x)
+        assert isinstance(got, dict) and sorted(got) == ["click", "rating"]
+        for name in ("click", "rating"):
+            assert isinstance(got[name], np.ndarray)
+            assert got[name].shape == tuple(want[name].shape)
+            assert relative_error(got[name], want[name]) <= RTOL, (batch, name)
+
+
+def test_recommender_takes_tensors_and_ids_of_another_integer_width(recommender_opt, rng):
+    """tf.Tensors go through the full check; int32 ids are cast to the model's int64 on the
+    fast path, as Keras casts them; both give the same heads as int64 numpy ids."""
+    _, opt = recommender_opt
+    x = recommender_inputs(rng, 3)
+    want = opt(x)
+    as_tensors = {key: tf.constant(value) for key, value in x.items()}
+    narrow = {**x, **{key: x[key].astype(np.int32) for key in ("user_id", "item_id")}}
+    for label, variant in (("tensors", as_tensors), ("int32 ids", narrow)):
+        got = opt(variant)
+        for name in ("click", "rating"):
+            np.testing.assert_array_equal(got[name], want[name], err_msg=label)
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (
+            lambda x: {**x, "user_id": x["user_id"].astype(np.float32)},
+            r"Input 'user_id' has dtype float32; expected int64",
+        ),
+        (
+            lambda x: {**x, "features": x["features"][:, :12]},
+            r"Input 'features' has shape \(3, 12\); dimension 1 must be 13",
+        ),
+        (
+            lambda x: {**x, "item_id": x["item_id"][:, 0]},
+            r"Input 'item_id' has rank 1 \(shape \(3,\)\); expected rank 2",
+        ),
+        (lambda x: {**x, "category_id": x["category_id"][:2]}, "same batch size"),
+        (
+            lambda x: {k: v for k, v in x.items() if k != "item_id"},
+            r"structure does not match.*expected a dict with keys \['category_id', 'features', "
+            r"'item_id', 'user_id'\]",
+        ),
+        (lambda x: {**x, "extra": x["user_id"]}, "structure does not match"),
+        (lambda x: list(x.values()), r"takes a dict of 4 inputs. Received a list"),
+    ],
+)
+def test_a_dict_call_is_checked_on_the_fast_path_too(recommender_opt, rng, change, message):
+    """Each wrong input fails with the message naming what is wrong, as before the fast
+    check learned to cast."""
+    _, opt = recommender_opt
+    x = change(recommender_inputs(rng, 3))
+    with pytest.raises(infertune.InputError, match=message):
+        opt(x)
+
+
+def test_the_fast_check_passes_right_arrays_on_and_casts_what_keras_would(rng):
+    """A flat dict of arrays of the model's dtypes is handed on as the caller's own arrays
+    (no copy); int32 ids or float64 features are cast, once, to the model's dtypes; an
+    unsigned or boolean id, or float ids, take the full check's decision."""
+    signature, _ = build_signature(recommender_inputs(rng, 2), None, np.float32)
+    x = recommender_inputs(rng, 3)
+    keys = sorted(x)
+    flat = signature.flatten(x)
+    assert all(array is x[key] for array, key in zip(flat, keys))
+    wide = {**x, "user_id": x["user_id"].astype(np.int32), "features": x["features"] * 1.0}
+    wide["features"] = wide["features"].astype(np.float64)
+    cast = dict(zip(keys, signature.flatten(wide)))
+    assert cast["user_id"].dtype == np.int64 and cast["features"].dtype == np.float32
+    np.testing.assert_array_equal(cast["user_id"], x["user_id"])
+    assert cast["item_id"] is x["item_id"]
+    unsigned = dict(zip(keys, signature.flatten({**x, "item_id": x["item_id"].astype(np.uint8)})))
+    assert unsigned["item_id"].dtype == np.int64
+    with pytest.raises(infertune.InputError, match="'category_id' has dtype bool"):
+        signature.flatten({**x, "category_id": x["category_id"] > 2})
+    with pytest.raises(infertune.InputError, match="'item_id' has dtype float64"):
+        signature.flatten({**x, "item_id": x["item_id"].astype(np.float64)})
+
+
+# -- the tabular model -----------------------------------------------------------------------
+def test_tabular_model_with_adapted_preprocessing_matches_the_model(rng):
+    model = tabular()
+    opt = infertune.optimize(
+        model, tabular_inputs(rng, 2), backends=["tf-function", *ORT], verbose=False
+    )
+    assert opt.report.candidate("tf-function").status in ("ok", "selected")
+    for batch in (1, 9):
+        x = tabular_inputs(rng, batch)
+        assert relative_error(opt(x), model(x)) <= RTOL, batch
