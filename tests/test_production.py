@@ -193,3 +193,33 @@ def test_tabular_model_with_adapted_preprocessing_matches_the_model(rng):
     for batch in (1, 9):
         x = tabular_inputs(rng, batch)
         assert relative_error(opt(x), model(x)) <= RTOL, batch
+
+
+# -- the benchmark ---------------------------------------------------------------------------
+def test_the_production_benchmark_has_its_options_and_models():
+    """benchmarks/production.py runs for minutes, so the suite runs only its --help: the
+    options the docs give exist, and its models are those docs/benchmarks.md lists."""
+    import os
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    done = subprocess.run(
+        [sys.executable, "benchmarks/production.py", "--help"],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+        env={**os.environ, "COLUMNS": "1000"},  # argparse would wrap names at their hyphens
+    )
+    for option in ("--quick", "--models", "--out", "--budget", "--model-timeout"):
+        assert option in done.stdout, option
+    models = re.search(r"default all: \[([^\]]*)\]", done.stdout)
+    names = re.findall(r"'([\w-]+)'", models.group(1))
+    assert names == ["text-classifier", "tabular", "recommender", "audio", "two-tower", "image"]
+    docs = (root / "docs" / "benchmarks.md").read_text(encoding="utf-8")
+    section = docs.split("## Production models", 1)[1].split("\n## ", 1)[0]
+    assert [n for n in names if f"| {n} |" not in section] == []
