@@ -90,7 +90,31 @@ def _calling(backend: Backend, signature: InputSignature, outputs: Structure) ->
         return call_one
     if outputs.kind == "leaf" and signature.free_check is not None:
         return _calling_free(run, flatten, *signature.free_check)
+    if signature.dict_fast is not None:
+        return _calling_dict(run, flatten, signature.dict_fast, pack, outputs.kind == "leaf")
     return lambda x: pack(run(flatten(x)))
+
+
+def _calling_dict(
+    run: Callable, flatten: Callable, dict_fast: Callable, pack: Callable, one_output: bool
+) -> Callable:
+    """The call path of a flat dict of inputs (a recommender's ids and features): the
+    signature's one-loop check of a dict of arrays, called here without going through
+    `flatten` first; anything it does not take goes through `flatten`. The output dict is
+    packed from the output keys kept once (`pack`), one output taken as it is."""
+    if one_output:
+
+        def call_one(x: Any) -> Any:
+            arrays = dict_fast(x) if type(x) is dict else None
+            return run(flatten(x) if arrays is None else arrays)[0]
+
+        return call_one
+
+    def call(x: Any) -> Any:
+        arrays = dict_fast(x) if type(x) is dict else None
+        return pack(run(flatten(x) if arrays is None else arrays))
+
+    return call
 
 
 def _calling_free(
