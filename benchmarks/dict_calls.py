@@ -1,19 +1,24 @@
-"""What the call path costs on a model of many dict inputs: opt(x) against its own session.
+"""What the call path costs on a model of many dict inputs: opt(x) against its own runtime.
 
-python benchmarks/dict_calls.py [--ids int64|int32] [--budget 15] [--quick]
+python benchmarks/dict_calls.py [--model recommender|two-tower] [--ids int64|int32]
+                                [--budget 15] [--quick]
 
-The recommender of benchmarks/production.py (four dict inputs: three int64 id tensors and
-thirteen float32 features; two named heads; without its multi-hot part, which LiteRT does
-not convert, so that the choice is ONNX Runtime's), tuned on ONNX Runtime's CPU candidates
-only, and in one process, timed in interleaved rounds by infertune's engine:
+`recommender`: the recommender of benchmarks/production.py (four dict inputs: three int64
+id tensors and thirteen float32 features; two named heads; without its multi-hot part),
+tuned on ONNX Runtime's CPU candidates only. `two-tower`: its two-tower model (four dict
+inputs, int64 ids and history, float32 item features; one output), tuned on LiteRT's
+candidates only. In one process, timed in interleaved rounds by infertune's engine:
 
-* "chosen session": the session infertune chose, its public `run(None, feed)` on the feed
-  infertune builds (the same arrays, cast where the model declares another dtype);
-* "by hand": ONNX Runtime's default session on a tf2onnx export by hand (by_hand.py), its
-  `run(None, feed)` on the caller's own arrays;
+* "chosen session" (recommender): the session infertune chose, its public `run(None,
+  feed)` on the feed infertune builds (the same arrays, cast where the model declares
+  another dtype);
+* "chosen run": the chosen backend's `run` on the flat arrays, already checked (what
+  infertune's own measurement times);
+* "by hand": the runtime's defaults by hand (by_hand.py) on the caller's own arrays: ONNX
+  Runtime's session on a tf2onnx export, or a LiteRT interpreter;
 * "opt(x)": infertune's callable on the caller's dict.
 
-`--ids int32` declares the ids int32 in the model while the caller still passes int64 (as
+`--ids int32` declares the recommender's ids int32 while the caller still passes int64 (as
 numpy makes them): each call then casts three arrays. Prints each one's median and opt(x)'s
 time relative to each (the median of the per-round ratios: below 1.05 is the target).
 """
@@ -35,6 +40,7 @@ from infertune.measure import measure_interleaved, warm_up
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", choices=("recommender", "two-tower"), default="recommender")
     parser.add_argument("--ids", choices=("int64", "int32"), default="int64")
     parser.add_argument("--budget", type=float, default=15.0, help="measurement seconds")
     parser.add_argument("--quick", action="store_true", help="the tiny model, 2 s measuring")
@@ -44,26 +50,37 @@ def main() -> None:
     sizes = production.QUICK if args.quick else production.FULL
     budget = 2.0 if args.quick else args.budget
     keras.utils.set_random_seed(0)
-    model = production.recommender(sizes, multi_hot=False)
-    if args.ids == "int32":  # the same layers on int32 inputs
-        model = _with_int32_ids(model)
-    sample = production.recommender_inputs(np.random.default_rng(0), 1, sizes)
-    backends = [n for n in infertune.available_backends() if n.startswith("onnxruntime-cpu")]
+    rng = np.random.default_rng(0)
+    if args.model == "two-tower":
+        model = production.two_tower(sizes)
+        sample = production.two_tower_inputs(rng, 1, sizes)
+        prefix = "litert"
+    else:
+        model = production.recommender(sizes, multi_hot=False)
+        if args.ids == "int32":  # the same layers on int32 inputs
+            model = _with_int32_ids(model)
+        sample = production.recommender_inputs(rng, 1, sizes)
+        prefix = "onnxruntime-cpu"
+    backends = [n for n in infertune.available_backends() if n.startswith(prefix)]
     backends = [n for n in backends if "int8" not in n]
     opt = infertune.optimize(model, sample, backends=backends, verbose=False)
     chosen = opt.backends[0]
-    session = chosen._session
-    feed = dict(zip(chosen._input_names, opt.input_signature.flatten(sample)))
-    raw = by_hand.onnxruntime_session(by_hand.onnx_bytes(model, sample), sample)
-    runners = {
-        "chosen session": lambda: session.run(None, feed),
-        "by hand": raw,
-        "opt(x)": lambda: opt(sample),
-    }
+    flat = opt.input_signature.flatten(sample)
+    runners = {"chosen run": lambda: chosen.run(flat)}
+    if args.model == "two-tower":
+        raw = by_hand.litert_interpreter(model, sample)
+    else:
+        session = chosen._session
+        feed = dict(zip(chosen._input_names, flat))
+        runners["chosen session"] = lambda: session.run(None, feed)
+        raw = by_hand.onnxruntime_session(by_hand.onnx_bytes(model, sample), sample)
+    runners.update({"by hand": raw, "opt(x)": lambda: opt(sample)})
     reference = raw()
+    reference = reference if isinstance(reference, list) else [reference]
     for name, runner in runners.items():
         out = runner()
         out = [out[key] for key in sorted(out)] if isinstance(out, dict) else out
+        out = out if isinstance(out, list) else [out]
         for got, want in zip(out, reference):
             np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6, err_msg=name)
     estimates = {name: warm_up(runner) for name, runner in runners.items()}
@@ -76,7 +93,7 @@ def main() -> None:
     )
     ours = np.asarray(result.stats["opt(x)"].round_medians)
     print(
-        f"recommender, ids {args.ids} in the model, int64 passed; chose {opt.backend}; "
+        f"{args.model}, ids {args.ids} in the model, int64 passed; chose {opt.backend}; "
         f"{result.stats['opt(x)'].rounds} rounds"
     )
     for name, stats in result.stats.items():

@@ -223,3 +223,98 @@ def test_the_production_benchmark_has_its_options_and_models():
     docs = (root / "docs" / "benchmarks.md").read_text(encoding="utf-8")
     section = docs.split("## Production models", 1)[1].split("\n## ", 1)[0]
     assert [n for n in names if f"| {n} |" not in section] == []
+
+
+# -- a dict of inputs on LiteRT: the interpreter checks the tuned shapes itself -----------------
+def two_tower(users: int = 30, items: int = 40):
+    """A query tower (user id, the last 5 item ids) and an item tower (item id, 3 float
+    features), their normalized dot product."""
+    import keras
+    from keras import layers
+
+    keras.utils.set_random_seed(0)
+    user = keras.Input((1,), dtype="int64", name="user_id")
+    history = keras.Input((5,), dtype="int64", name="history")
+    item = keras.Input((1,), dtype="int64", name="item_id")
+    features = keras.Input((3,), dtype="float32", name="item_features")
+    items_table = layers.Embedding(items, 4)
+    query = layers.Concatenate()(
+        [
+            layers.Flatten()(layers.Embedding(users, 4)(user)),
+            layers.GlobalAveragePooling1D()(items_table(history)),
+        ]
+    )
+    candidate = layers.Concatenate()([layers.Flatten()(items_table(item)), features])
+    score = layers.Dot(axes=1, normalize=True)([layers.Dense(4)(query), layers.Dense(4)(candidate)])
+    inputs = {"user_id": user, "history": history, "item_id": item, "item_features": features}
+    return keras.Model(inputs, score)
+
+
+def two_tower_inputs(rng, batch: int) -> dict[str, np.ndarray]:
+    return {
+        "user_id": rng.integers(0, 30, (batch, 1)).astype(np.int64),
+        "history": rng.integers(0, 40, (batch, 5)).astype(np.int64),
+        "item_id": rng.integers(0, 40, (batch, 1)).astype(np.int64),
+        "item_features": rng.standard_normal((batch, 3)).astype(np.float32),
+    }
+
+
+@pytest.fixture(scope="module")
+def two_tower_opt():
+    pytest.importorskip("ai_edge_litert")
+    model = two_tower()
+    sample = two_tower_inputs(np.random.default_rng(0), 1)
+    opt = infertune.optimize(model, sample, backends=["litert:threads=1"], verbose=False)
+    return model, opt
+
+
+def test_a_dict_on_litert_runs_at_the_tuned_shapes_and_any_other(two_tower_opt, rng):
+    """At the sample's shapes the dict goes straight to an interpreter allocated at them
+    (its SetTensor checks each array); at another batch size, or with int32 ids, through
+    the signature's check (which casts) and run(): the same scores either way."""
+    model, opt = two_tower_opt
+    assert opt.backend == "litert:threads=1"
+    for batch in (1, 1, 4):
+        x = two_tower_inputs(rng, batch)
+        got = opt(x)
+        assert isinstance(got, np.ndarray) and got.shape == (batch, 1)
+        assert relative_error(got, model(x)) <= RTOL, batch
+    x = two_tower_inputs(rng, 1)
+    narrow = {**x, "history": x["history"].astype(np.int32)}
+    np.testing.assert_array_equal(opt(narrow), opt(x))
+    as_tensors = {key: tf.constant(value) for key, value in x.items()}
+    np.testing.assert_array_equal(opt(as_tensors), opt(x))
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (
+            lambda x: {**x, "history": x["history"][:, :4]},
+            r"Input 'history' has shape \(1, 4\); dimension 1 must be 5",
+        ),
+        (
+            lambda x: {**x, "item_features": x["item_features"] > 0},
+            r"Input 'item_features' has dtype bool; expected float32",
+        ),
+        (
+            lambda x: {**x, "user_id": x["user_id"].astype(np.float32)},
+            r"Input 'user_id' has dtype float32; expected int64",
+        ),
+        (
+            lambda x: {**x, "item_id": x["item_id"][0]},
+            r"Input 'item_id' has rank 1 \(shape \(1,\)\); expected rank 2",
+        ),
+        (lambda x: {**x, "user_id": np.zeros((2, 1), np.int64)}, "same batch size"),
+        (lambda x: {**x, "extra": x["user_id"]}, "structure does not match"),
+        (lambda x: {k: v for k, v in x.items() if k != "history"}, "structure does not match"),
+    ],
+)
+def test_a_dict_on_litert_is_refused_with_the_signatures_message(two_tower_opt, change, message):
+    """Inputs the interpreter refuses (or the direct path does not take) at the sample's
+    shapes get the signature's own message, as on any other path; the next right call runs."""
+    _, opt = two_tower_opt
+    x = two_tower_inputs(np.random.default_rng(3), 1)
+    with pytest.raises(infertune.InputError, match=message):
+        opt(change(x))
+    assert opt(x).shape == (1, 1)

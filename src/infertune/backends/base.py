@@ -128,6 +128,18 @@ class Backend(ABC):
         per-call work than run(). None (the default): the call path uses run()."""
         return None
 
+    def dict_runner(
+        self, keys: tuple, dtypes: tuple[np.dtype, ...]
+    ) -> Callable[[dict], list[np.ndarray] | None] | None:
+        """Optional, for a model whose input is a flat dict (`keys` in signature order, with
+        their `dtypes`): a function that runs a dict of numpy arrays of exactly the tuned
+        shapes and those dtypes with less per-call work than the signature's check and run(),
+        where the runtime itself refuses any other shape (a LiteRT interpreter allocated at
+        the sample's shapes), and returns the flat outputs; or None, running nothing, for any
+        other dict (the call path then checks it in full and calls run()). None (the
+        default): the call path checks every dict."""
+        return None
+
     def trim(self) -> None:
         """Drop what calls from several threads at once made beyond one call's needs (idle
         interpreters, infer requests): after optimize()'s check under several callers, a
