@@ -165,6 +165,48 @@ class OnnxRuntimeCpu(Backend):
 
         return run_one
 
+    def dict_runner(
+        self, keys: tuple, dtypes: tuple[np.dtype, ...]
+    ) -> Callable[[dict], list[np.ndarray] | None] | None:
+        """A dict of arrays of the model's dtypes and one batch size, fed to the session by
+        its input names as it is read: the session itself refuses a wrong rank or fixed
+        dimension (InvalidArgument, caught: the call path's check then says what is wrong),
+        so Python checks each value's type, dtype and batch size only (a free batch
+        dimension is the one thing the session cannot check across inputs). None where a
+        subclass runs the session its own way (CUDA: bound device buffers)."""
+        if type(self).run is not OnnxRuntimeCpu.run:
+            return None
+        from onnxruntime.capi.onnxruntime_pybind11_state import InvalidArgument
+
+        plan = tuple(zip(keys, self._input_names, dtypes))
+        count, names, run_session, ndarray = (
+            len(plan),
+            self._output_names,
+            self._run_session,
+            np.ndarray,
+        )
+
+        def run(x: dict) -> list[np.ndarray] | None:
+            if len(x) != count:
+                return None
+            feed = {}
+            batch = -1
+            for key, name, dtype in plan:
+                array = x.get(key)
+                if type(array) is not ndarray or array.dtype is not dtype or not array.ndim:
+                    return None
+                if batch != array.shape[0]:
+                    if batch >= 0:
+                        return None
+                    batch = array.shape[0]
+                feed[name] = array
+            try:
+                return run_session(names, feed)
+            except InvalidArgument:  # a rank or a fixed dimension: the full check says which
+                return None
+
+        return run
+
     def close(self) -> None:
         self._session = None
         self._run_session = None
