@@ -115,6 +115,13 @@ class InputSignature:
         # The check of a flat dict of arrays alone, for the call path: the arrays, or None
         # where `flatten` must say what is wrong (or cast what the fast check does not).
         self.dict_fast = self._dict_fast if self._dict_plan is not None else None
+        # (key, dtype, the dtypes cast to it) per input of a flat dict, in the model's order:
+        # what a backend's dict_runner checks, and casts by the same rule, itself.
+        self.dict_inputs = (
+            tuple((key, dtype, casts) for key, dtype, _, _, _, casts in self._dict_plan)
+            if self._dict_plan is not None
+            else None
+        )
         # One input with a free batch and other free dimensions too (an image of any size,
         # a sequence of any length): (dtype, rank, its fixed (axis, size) pairs).
         self.free_check = (

@@ -39,7 +39,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -129,15 +129,18 @@ class Backend(ABC):
         return None
 
     def dict_runner(
-        self, keys: tuple, dtypes: tuple[np.dtype, ...]
+        self, inputs: tuple[tuple[Any, np.dtype, frozenset], ...]
     ) -> Callable[[dict], list[np.ndarray] | None] | None:
-        """Optional, for a model whose input is a flat dict (`keys` in signature order, with
-        their `dtypes`): a function that runs a dict of numpy arrays of exactly the tuned
-        shapes and those dtypes with less per-call work than the signature's check and run(),
-        where the runtime itself refuses any other shape (a LiteRT interpreter allocated at
-        the sample's shapes), and returns the flat outputs; or None, running nothing, for any
-        other dict (the call path then checks it in full and calls run()). None (the
-        default): the call path checks every dict."""
+        """Optional, for a model whose input is a flat dict (`inputs`: key, dtype and the
+        dtypes the signature casts to it, per input in signature order): a function that
+        runs a dict of numpy arrays with less per-call work than the signature's check and
+        run(), leaving to the runtime the checks it makes itself (LiteRT's interpreter
+        allocated at the sample's shapes refuses any other dimension; ONNX Runtime's session
+        a wrong rank or fixed dimension), and returns the flat outputs; or None for any dict
+        it does not run, or that the runtime refused (the call path then checks it in full,
+        says what is wrong, or calls run()). It must accept only what the signature's check
+        accepts, cast as it casts, and be safe to call from several threads as run() is.
+        None (the default): the call path checks every dict."""
         return None
 
     def trim(self) -> None:

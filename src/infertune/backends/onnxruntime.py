@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from functools import partial
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -166,35 +166,38 @@ class OnnxRuntimeCpu(Backend):
         return run_one
 
     def dict_runner(
-        self, keys: tuple, dtypes: tuple[np.dtype, ...]
+        self, inputs: tuple[tuple[Any, np.dtype, frozenset], ...]
     ) -> Callable[[dict], list[np.ndarray] | None] | None:
-        """A dict of arrays of the model's dtypes and one batch size, fed to the session by
-        its input names as it is read: the session itself refuses a wrong rank or fixed
-        dimension (InvalidArgument, caught: the call path's check then says what is wrong),
-        so Python checks each value's type, dtype and batch size only (a free batch
-        dimension is the one thing the session cannot check across inputs). None where a
-        subclass runs the session its own way (CUDA: bound device buffers)."""
+        """A dict of arrays of one batch size, fed to the session by its input names as it
+        is read (cast by the signature's rule where it casts): the session itself refuses a
+        wrong rank or fixed dimension (InvalidArgument, caught: the call path's check then
+        says what is wrong), so Python checks each value's type, dtype and batch size only
+        (a free batch dimension is the one thing the session cannot check across inputs).
+        None where a subclass runs the session its own way (CUDA: bound device buffers)."""
         if type(self).run is not OnnxRuntimeCpu.run:
             return None
         from onnxruntime.capi.onnxruntime_pybind11_state import InvalidArgument
 
-        plan = tuple(zip(keys, self._input_names, dtypes))
-        count, names, run_session, ndarray = (
-            len(plan),
-            self._output_names,
-            self._run_session,
-            np.ndarray,
+        plan = tuple(
+            (key, name, dtype, casts)
+            for (key, dtype, casts), name in zip(inputs, self._input_names)
         )
+        count, names, run_session = len(plan), self._output_names, self._run_session
+        ndarray = np.ndarray
 
         def run(x: dict) -> list[np.ndarray] | None:
             if len(x) != count:
                 return None
             feed = {}
             batch = -1
-            for key, name, dtype in plan:
+            for key, name, dtype, casts in plan:
                 array = x.get(key)
-                if type(array) is not ndarray or array.dtype is not dtype or not array.ndim:
+                if type(array) is not ndarray or not array.ndim:
                     return None
+                if array.dtype is not dtype:
+                    if array.dtype not in casts:
+                        return None
+                    array = array.astype(dtype)
                 if batch != array.shape[0]:
                     if batch >= 0:
                         return None

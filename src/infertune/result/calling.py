@@ -91,15 +91,11 @@ def _calling(backend: Backend, signature: InputSignature, outputs: Structure) ->
     if outputs.kind == "leaf" and signature.free_check is not None:
         return _calling_free(run, flatten, *signature.free_check)
     if signature.dict_fast is not None:
-        direct = backend.dict_runner(signature.structure.keys, _dtypes(signature))
+        direct = backend.dict_runner(signature.dict_inputs)
         return _calling_dict(
             run, flatten, signature.dict_fast, pack, outputs.kind == "leaf", direct
         )
     return lambda x: pack(run(flatten(x)))
-
-
-def _dtypes(signature: InputSignature) -> tuple[np.dtype, ...]:
-    return tuple(spec.dtype for spec in signature.specs)
 
 
 def _calling_dict(
@@ -251,7 +247,7 @@ def _exact_first(
     exact_run = exact.run
     direct = None
     if signature.dict_fast is not None:
-        direct = exact.dict_runner(signature.structure.keys, _dtypes(signature))
+        direct = exact.dict_runner(signature.dict_inputs)
     if signature.structure.kind != "leaf":
 
         def call(x: Any) -> Any:
