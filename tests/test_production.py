@@ -318,3 +318,34 @@ def test_a_dict_on_litert_is_refused_with_the_signatures_message(two_tower_opt, 
     with pytest.raises(infertune.InputError, match=message):
         opt(change(x))
     assert opt(x).shape == (1, 1)
+
+
+def test_a_dict_on_the_free_batch_litert_model_is_resized_back_to_the_tuned_shapes(rng):
+    """Where the model converted at the sample's shapes is the free-batch one (nothing to
+    fold), the dict goes to the free-batch interpreters: a call at another batch size
+    resizes them, the next call at the sample's shapes resizes them back, and a wrong
+    dimension still gets the signature's message."""
+    pytest.importorskip("ai_edge_litert")
+    import keras
+    from keras import layers
+
+    keras.utils.set_random_seed(0)
+    a = keras.Input((4,), name="a")
+    b = keras.Input((3,), name="b")
+    x = layers.Concatenate()([layers.Dense(5)(a), layers.Dense(5)(b)])
+    model = keras.Model({"a": a, "b": b}, layers.Dense(2)(x))
+
+    def draw(batch):
+        return {
+            "a": rng.standard_normal((batch, 4)).astype(np.float32),
+            "b": rng.standard_normal((batch, 3)).astype(np.float32),
+        }
+
+    opt = infertune.optimize(model, draw(2), backends=["litert:threads=1"], verbose=False)
+    # The path under test: no interpreter of a model converted at the sample's shapes.
+    assert opt.backends[0]._fixed_run is None
+    for batch in (2, 5, 2, 1, 2):
+        x = draw(batch)
+        assert relative_error(opt(x), model(x)) <= RTOL, batch
+    with pytest.raises(infertune.InputError, match=r"Input 'b' has shape \(2, 4\)"):
+        opt({**draw(2), "b": np.zeros((2, 4), np.float32)})

@@ -159,6 +159,7 @@ class LiteRT(Backend):
             else:
                 self._fixed_run, self._fixed_shapes = fixed, shapes
         self._fixed_shape0 = self._fixed_shapes[0] if self._fixed_shapes else None
+        self._sample_shapes = target.signature.concrete_shapes()
         self._one_in_one_out = count == 1 and outputs == 1
         if self._one_in_one_out:
             self.run = self._run_one  # a tiny model's call is ~10 us: skip the loops
@@ -206,23 +207,23 @@ class LiteRT(Backend):
     def dict_runner(
         self, inputs: tuple[tuple[Any, np.dtype, frozenset], ...]
     ) -> Callable[[dict], list[np.ndarray] | None] | None:
-        """A dict of arrays at the sample's shapes, set straight into an interpreter of the
-        model converted at those shapes: the interpreter's SetTensor refuses any other
-        rank or dimension (a ValueError, caught: the call path then checks the dict and says
-        what is wrong, or runs it at its shape), so the only checks here are each value's
-        type and dtype (cast by the signature's rule where it casts, never by SetTensor's
-        conversions). On a two-tower model of four inputs (3.4 us a call by hand) the
-        signature's check and run() added 1.2 us a call."""
-        if self._fixed_run is None:
-            return None
-        interpreters = self._fixed_run
+        """A dict of arrays at the sample's shapes, set straight into an interpreter
+        allocated at them (of the model converted at those shapes where there is one, else
+        of the free-batch model, resized back to them where another call resized it): the
+        interpreter's SetTensor refuses any other rank or dimension (a ValueError, caught:
+        the call path then checks the dict and says what is wrong, or runs it at its shape),
+        so the only checks here are each value's type and dtype (cast by the signature's
+        rule where it casts, never by SetTensor's conversions). On a two-tower model of four
+        inputs (3.4 us a call by hand) the signature's check and run() added 1.2 us a call."""
+        interpreters = self._fixed_run or self._free
         plan = tuple(
             (key, index, dtype, casts)
             for (key, dtype, casts), index in zip(inputs, interpreters.inputs)
         )
         count, outputs, ndarray = len(plan), interpreters.outputs, np.ndarray
-        key0, shape0, output0 = inputs[0][0], self._fixed_shape0, interpreters.output0
-        one_output = len(outputs) == 1
+        shapes = list(self._sample_shapes)  # the object sessions at these shapes then hold
+        key0, shape0, output0 = inputs[0][0], shapes[0], interpreters.output0
+        one_output, resize = len(outputs) == 1, interpreters.resize_session
 
         def run(x: dict) -> list[np.ndarray] | None:
             first = x.get(key0)
@@ -236,6 +237,10 @@ class LiteRT(Backend):
             except AttributeError:  # closed: run() says so
                 return None
             try:
+                if session.shapes is not shapes:
+                    if session.shapes != shapes:  # resized by a call at another batch size
+                        resize(session, shapes)
+                    session.shapes = shapes
                 set_tensor = session.set_tensor
                 for key, index, dtype, casts in plan:
                     array = x.get(key)
@@ -363,6 +368,10 @@ class _Interpreters:
     def open_session(self) -> _Session:
         """One more interpreter of this model, for a call that finds none idle."""
         return self._session()
+
+    def resize_session(self, session: _Session, shapes: list[tuple[int, ...]]) -> None:
+        """Allocate `session`'s inputs at `shapes` (the free-batch model's)."""
+        self._resize(session, shapes)
 
     def _session(self) -> _Session:
         if self._open is None:
