@@ -39,7 +39,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -140,6 +140,21 @@ class Backend(ABC):
         """Optional, for a model with one input and one output: a function that runs one input
         array of exactly `shape` (the tuned one) and returns the output array, with less
         per-call work than run(). None (the default): the call path uses run()."""
+        return None
+
+    def dict_runner(
+        self, inputs: tuple[tuple[Any, np.dtype, frozenset], ...]
+    ) -> Callable[[dict], list[np.ndarray] | None] | None:
+        """Optional, for a model whose input is a flat dict (`inputs`: key, dtype and the
+        dtypes the signature casts to it, per input in signature order): a function that
+        runs a dict of numpy arrays with less per-call work than the signature's check and
+        run(), leaving to the runtime the checks it makes itself (LiteRT's interpreter
+        allocated at the sample's shapes refuses any other dimension; ONNX Runtime's session
+        a wrong rank or fixed dimension), and returns the flat outputs; or None for any dict
+        it does not run, or that the runtime refused (the call path then checks it in full,
+        says what is wrong, or calls run()). It must accept only what the signature's check
+        accepts, cast as it casts, and be safe to call from several threads as run() is.
+        None (the default): the call path checks every dict."""
         return None
 
     def trim(self) -> None:

@@ -162,6 +162,7 @@ class LiteRT(Backend):
             else:
                 self._fixed_run, self._fixed_shapes = fixed, shapes
         self._fixed_shape0 = self._fixed_shapes[0] if self._fixed_shapes else None
+        self._sample_shapes = target.signature.concrete_shapes()
         self._one_in_one_out = count == 1 and outputs == 1
         if self._one_in_one_out:
             self.run = self._run_one  # a tiny model's call is ~10 us: skip the loops
@@ -205,6 +206,65 @@ class LiteRT(Backend):
         if self._free is None:
             return None
         return self._free.single(tuple(shape))
+
+    def dict_runner(
+        self, inputs: tuple[tuple[Any, np.dtype, frozenset], ...]
+    ) -> Callable[[dict], list[np.ndarray] | None] | None:
+        """A dict of arrays at the sample's shapes, set straight into an interpreter
+        allocated at them (of the model converted at those shapes where there is one, else
+        of the free-batch model, resized back to them where another call resized it): the
+        interpreter's SetTensor refuses any other rank or dimension (a ValueError, caught:
+        the call path then checks the dict and says what is wrong, or runs it at its shape),
+        so the only checks here are each value's type and dtype (cast by the signature's
+        rule where it casts, never by SetTensor's conversions). On a two-tower model of four
+        inputs (3.4 us a call by hand) the signature's check and run() added 1.2 us a call."""
+        interpreters = self._fixed_run or self._free
+        plan = tuple(
+            (key, index, dtype, casts)
+            for (key, dtype, casts), index in zip(inputs, interpreters.inputs)
+        )
+        count, outputs, ndarray = len(plan), interpreters.outputs, np.ndarray
+        shapes = list(self._sample_shapes)  # the object sessions at these shapes then hold
+        key0, shape0, output0 = inputs[0][0], shapes[0], interpreters.output0
+        one_output, resize = len(outputs) == 1, interpreters.resize_session
+
+        def run(x: dict) -> list[np.ndarray] | None:
+            first = x.get(key0)
+            if len(x) != count or type(first) is not ndarray or first.shape != shape0:
+                return None
+            idle = interpreters.idle
+            try:
+                session = idle.pop()
+            except IndexError:  # every interpreter is busy in another thread
+                session = interpreters.open_session()
+            except AttributeError:  # closed: run() says so
+                return None
+            try:
+                if session.shapes is not shapes:
+                    if session.shapes != shapes:  # resized by a call at another batch size
+                        resize(session, shapes)
+                    session.shapes = shapes
+                set_tensor = session.set_tensor
+                for key, index, dtype, casts in plan:
+                    array = x.get(key)
+                    if type(array) is not ndarray:
+                        return None
+                    if array.dtype is not dtype:
+                        if array.dtype not in casts:
+                            return None
+                        array = array.astype(dtype)
+                    try:
+                        set_tensor(index, array)
+                    except ValueError:  # another shape: the full check says which
+                        return None
+                session.invoke()
+                if one_output:  # no comprehension: 0.1 us of a 4 us call
+                    return [session.get_tensor(output0)]
+                return [session.get_tensor(index) for index in outputs]  # copies
+            finally:
+                idle.append(session)
+
+        return run
 
     def trim(self) -> None:
         for interpreters in (self._free, self._fixed_run):
@@ -307,6 +367,14 @@ class _Interpreters:
             raise RuntimeError(f"TFLite model has {len(self.outputs)} outputs, the model {outputs}")
         self.input0, self.output0 = self.inputs[0], self.outputs[0]
         self.idle = [first]
+
+    def open_session(self) -> _Session:
+        """One more interpreter of this model, for a call that finds none idle."""
+        return self._session()
+
+    def resize_session(self, session: _Session, shapes: list[tuple[int, ...]]) -> None:
+        """Allocate `session`'s inputs at `shapes` (the free-batch model's)."""
+        self._resize(session, shapes)
 
     def _session(self) -> _Session:
         if self._open is None:

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from functools import partial
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -131,6 +131,7 @@ class OnnxRuntimeCpu(Backend):
         self.convert(target)
         model_bytes, exported = self._saved
         self._session = self._new_session(model_bytes, [self.provider])
+        self._run_session = session_runner(self._session)
         self._input_names = exported.input_names
         self._output_names = exported.output_names
 
@@ -148,7 +149,7 @@ class OnnxRuntimeCpu(Backend):
         return session
 
     def run(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
-        return self._session.run(self._output_names, dict(zip(self._input_names, inputs)))
+        return self._run_session(self._output_names, dict(zip(self._input_names, inputs)))
 
     def single_runner(self, shape: tuple[int, ...]) -> Callable[[np.ndarray], np.ndarray] | None:
         """One array in, one out, at any shape: the session's run without the lists. None
@@ -157,15 +158,61 @@ class OnnxRuntimeCpu(Backend):
             return None
         if len(self._input_names) != 1 or len(self._output_names) != 1:
             return None
-        names, name = self._output_names, self._input_names[0]
+        names, name, run_session = self._output_names, self._input_names[0], self._run_session
 
         def run_one(array: np.ndarray) -> np.ndarray:
-            return self._session.run(names, {name: array})[0]
+            return run_session(names, {name: array})[0]
 
         return run_one
 
+    def dict_runner(
+        self, inputs: tuple[tuple[Any, np.dtype, frozenset], ...]
+    ) -> Callable[[dict], list[np.ndarray] | None] | None:
+        """A dict of arrays of one batch size, fed to the session by its input names as it
+        is read (cast by the signature's rule where it casts): the session itself refuses a
+        wrong rank or fixed dimension (InvalidArgument, caught: the call path's check then
+        says what is wrong), so Python checks each value's type, dtype and batch size only
+        (a free batch dimension is the one thing the session cannot check across inputs).
+        None where a subclass runs the session its own way (CUDA: bound device buffers)."""
+        if type(self).run is not OnnxRuntimeCpu.run:
+            return None
+        from onnxruntime.capi.onnxruntime_pybind11_state import InvalidArgument
+
+        plan = tuple(
+            (key, name, dtype, casts)
+            for (key, dtype, casts), name in zip(inputs, self._input_names)
+        )
+        count, names, run_session = len(plan), self._output_names, self._run_session
+        ndarray = np.ndarray
+
+        def run(x: dict) -> list[np.ndarray] | None:
+            if len(x) != count:
+                return None
+            feed = {}
+            batch = -1
+            for key, name, dtype, casts in plan:
+                array = x.get(key)
+                if type(array) is not ndarray or not array.ndim:
+                    return None
+                if array.dtype is not dtype:
+                    if array.dtype not in casts:
+                        return None
+                    array = array.astype(dtype)
+                if batch != array.shape[0]:
+                    if batch >= 0:
+                        return None
+                    batch = array.shape[0]
+                feed[name] = array
+            try:
+                return run_session(names, feed)
+            except InvalidArgument:  # a rank or a fixed dimension: the full check says which
+                return None
+
+        return run
+
     def close(self) -> None:
         self._session = None
+        self._run_session = None
         self._saved = None
 
     def save_artifact(self, directory: Path) -> dict:
@@ -189,6 +236,26 @@ class OnnxRuntimeCpu(Backend):
     @classmethod
     def _preload(cls, target: Target, exported: OnnxExport) -> None:
         target.preload("onnx", exported)
+
+
+def session_runner(session) -> Callable[[list[str], dict], list[np.ndarray]]:
+    """run(output names, feed) of a session, without the checks `InferenceSession.run` makes
+    in Python before it calls the native session (`session._sess.run`): that every graph
+    input is in the feed (infertune's feed always holds them all, in its names), that no
+    input is an OrtValue of another session (it passes numpy arrays), the WebGPU graph
+    capture's rule, and a retry on another provider (a fallback infertune refuses anyway).
+    On a recommender with four inputs they cost 1.1 us of a 14 us call (0.6 us the missing
+    input check alone). Where the native session is not there (another ONNX Runtime
+    version), the public run."""
+    native = getattr(session, "_sess", None)
+    run = getattr(native, "run", None)
+    if not callable(run):
+        return session.run
+
+    def run_native(output_names: list[str], feed: dict) -> list[np.ndarray]:
+        return run(output_names, feed, None)
+
+    return run_native
 
 
 # The int8 candidate's settings, as onnxruntime.quantization.quantize_dynamic takes them:

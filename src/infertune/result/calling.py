@@ -90,7 +90,67 @@ def _calling(backend: Backend, signature: InputSignature, outputs: Structure) ->
         return call_one
     if outputs.kind == "leaf" and signature.free_check is not None:
         return _calling_free(run, flatten, *signature.free_check)
+    if signature.dict_fast is not None:
+        direct = backend.dict_runner(signature.dict_inputs)
+        return _calling_dict(
+            run, flatten, signature.dict_fast, pack, outputs.kind == "leaf", direct
+        )
     return lambda x: pack(run(flatten(x)))
+
+
+def _calling_dict(
+    run: Callable,
+    flatten: Callable,
+    dict_fast: Callable,
+    pack: Callable,
+    one_output: bool,
+    direct: Callable | None = None,
+) -> Callable:
+    """The call path of a flat dict of inputs (a recommender's ids and features): the
+    signature's one-loop check of a dict of arrays, called here without going through
+    `flatten` first; anything it does not take goes through `flatten`. The output dict is
+    packed from the output keys kept once (`pack`), one output taken as it is. Where the
+    backend runs a dict at the tuned shapes itself, checking them natively (`direct`, its
+    `dict_runner`), a dict goes there first, and to the check only where it declines."""
+    if direct is not None and one_output:
+
+        def call_direct_one(x: Any) -> Any:
+            if type(x) is dict:
+                flat = direct(x)
+                if flat is not None:
+                    return flat[0]
+                arrays = dict_fast(x)
+                if arrays is not None:
+                    return run(arrays)[0]
+            return run(flatten(x))[0]
+
+        return call_direct_one
+    if direct is not None:
+
+        def call_direct(x: Any) -> Any:
+            if type(x) is dict:
+                flat = direct(x)
+                if flat is not None:
+                    return pack(flat)
+                arrays = dict_fast(x)
+                if arrays is not None:
+                    return pack(run(arrays))
+            return pack(run(flatten(x)))
+
+        return call_direct
+    if one_output:
+
+        def call_one(x: Any) -> Any:
+            arrays = dict_fast(x) if type(x) is dict else None
+            return run(flatten(x) if arrays is None else arrays)[0]
+
+        return call_one
+
+    def call(x: Any) -> Any:
+        arrays = dict_fast(x) if type(x) is dict else None
+        return pack(run(flatten(x) if arrays is None else arrays))
+
+    return call
 
 
 def _calling_free(
@@ -185,9 +245,16 @@ def _exact_first(
     shapes = [tuple(shape) for shape in signature.sample_shapes]
     flatten, pack = signature.flatten, outputs.packer()
     exact_run = exact.run
+    direct = None
+    if signature.dict_fast is not None:
+        direct = exact.dict_runner(signature.dict_inputs)
     if signature.structure.kind != "leaf":
 
         def call(x: Any) -> Any:
+            if direct is not None and type(x) is dict:
+                out = direct(x)  # at exactly the sample's shapes, checked by the runtime
+                if out is not None:
+                    return pack(out)
             flat = flatten(x)
             if [array.shape for array in flat] == shapes:
                 return pack(exact_run(flat))
