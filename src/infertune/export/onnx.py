@@ -4,26 +4,54 @@ tf2onnx's `from_keras` fails on Keras 3 models (KeyError 'keras_tensor_N', tf2on
 so the model is traced as a tf.function of flat inputs, frozen and converted with tf2onnx's
 stages (those of its `from_function`, see `_to_onnx`), which works for Keras 3, tf_keras,
 tf.Module and SavedModel functions alike.
+
+Past 2 GB. Protocol buffers stop at 2 GiB, and a frozen GraphDef or an ONNX ModelProto holds
+the weights inside it. A model whose weights pass `external_data_bytes()` (1 GiB, below the
+limit with room for the graph; INFERTUNE_EXTERNAL_DATA_BYTES lowers it for tests) is exported
+as tf2onnx's `large_model` does: frozen without grappler (which serializes the GraphDef), its
+constants taken out of the GraphDef before TensorFlow imports it, and the ONNX weights
+written as external data: model.onnx (the graph alone) and model.onnx.data beside it, in a
+temporary directory that lives as long as the export. ONNX Runtime and OpenVINO load the
+pair from its path (both map the data file rather than copy it where they can); a saved
+result carries both files.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import shutil
+import tempfile
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..errors import one_line
 from ..models import tensor_specs
+from ..settings import external_data_bytes
 from ..target import Target
 
-__all__ = ["OnnxExport", "export_onnx", "OPSET", "ONNX_FILE", "read_onnx", "write_onnx"]
+__all__ = [
+    "DATA_FILE",
+    "ONNX_FILE",
+    "OPSET",
+    "OnnxExport",
+    "export_onnx",
+    "external_export",
+    "owned_export",
+    "temporary_directory",
+    "read_onnx",
+    "write_onnx",
+]
 
 OPSET = 17
 ONNX_FILE = "model.onnx"  # the saved artifact of every ONNX-based candidate (Triton's name too)
+DATA_FILE = "model.onnx.data"  # its weights, where they are external data (past 2 GB)
+_ALIGN = 1 << 16  # offsets of external tensors: a page multiple, so that runtimes can map them
 
 
 @dataclass(frozen=True)
@@ -39,6 +67,21 @@ class OnnxExport:
     # for a chain of layers, 2 or more for parallel branches (Inception blocks, attention's
     # query/key/value). None where not known (an export read back from a saved file).
     parallel_width: int | None = None
+    # Where the weights are external data: the directory holding model.onnx (whose bytes
+    # `model_bytes` are: the graph alone) and model.onnx.data. None: all in `model_bytes`.
+    directory: Path | None = None
+    # Removes a temporary `directory` once the export is collected (None: not ours to remove).
+    _cleanup: Any = field(default=None, repr=False, compare=False)
+
+    @property
+    def path(self) -> Path | None:
+        """model.onnx in `directory`, where the weights are external data."""
+        return None if self.directory is None else self.directory / ONNX_FILE
+
+    def session_model(self) -> bytes | str:
+        """What ONNX Runtime's InferenceSession and OpenVINO's read_model take: the bytes, or
+        the path where the weights are external data (resolved beside it)."""
+        return self.model_bytes if self.directory is None else str(self.path)
 
 
 def export_onnx(target: Target) -> OnnxExport:
@@ -46,34 +89,118 @@ def export_onnx(target: Target) -> OnnxExport:
     return target.shared("onnx", lambda: _convert(target))
 
 
-def write_onnx(directory: Path, model_bytes: bytes, exported: OnnxExport) -> dict:
-    """Save an ONNX-based candidate's model (the export, or its int8 form) as model.onnx;
+def write_onnx(directory: Path, model: bytes | OnnxExport, exported: OnnxExport) -> dict:
+    """Save an ONNX-based candidate's model (the export, or its int8 form: its bytes, or an
+    OnnxExport) as model.onnx, and model.onnx.data where its weights are external data;
     return the settings `read_onnx` needs."""
-    (directory / ONNX_FILE).write_bytes(model_bytes)
+    settings = {"file": ONNX_FILE}
+    if isinstance(model, OnnxExport) and model.directory is not None:
+        (directory / ONNX_FILE).write_bytes(model.model_bytes)
+        _link_or_copy(model.directory / DATA_FILE, directory / DATA_FILE)
+        settings["data_file"] = DATA_FILE
+    else:
+        model_bytes = model.model_bytes if isinstance(model, OnnxExport) else model
+        (directory / ONNX_FILE).write_bytes(model_bytes)
     return {
-        "file": ONNX_FILE,
+        **settings,
         "input_names": list(exported.input_names),
         "output_names": list(exported.output_names),
         "opset": exported.opset,
     }
 
 
+def _link_or_copy(source: Path, destination: Path) -> None:
+    """A hard link where both are on one file system (a 2 GB file costs nothing), else a copy."""
+    try:
+        os.link(source, destination)
+    except OSError:
+        shutil.copyfile(source, destination)
+
+
 def read_onnx(directory: Path, settings: dict) -> OnnxExport:
-    """The export back from a saved model.onnx, to preload as the "onnx" shared conversion."""
+    """The export back from a saved model.onnx (and its model.onnx.data), to preload as the
+    "onnx" shared conversion."""
+    external = settings.get("data_file") is not None
     return OnnxExport(
         model_bytes=(directory / settings["file"]).read_bytes(),
         input_names=list(settings["input_names"]),
         output_names=list(settings["output_names"]),
         seconds=0.0,
         opset=settings["opset"],
+        directory=Path(directory) if external else None,
     )
+
+
+def external_export(model_proto: Any, like: OnnxExport) -> OnnxExport:
+    """`model_proto` written as model.onnx and model.onnx.data in a new temporary directory,
+    every tensor of more than 1 KB moved (out of `model_proto`) into the data file. Names and
+    opset as `like`'s."""
+    directory = temporary_directory()
+    try:
+        write_external_data(model_proto, directory / DATA_FILE)
+        (directory / ONNX_FILE).write_bytes(model_proto.SerializeToString())
+    except BaseException:
+        shutil.rmtree(directory, ignore_errors=True)
+        raise
+    return owned_export(directory, like)
+
+
+def temporary_directory() -> Path:
+    """A new directory for an export with external data (see `owned_export`)."""
+    return Path(tempfile.mkdtemp(prefix="infertune-onnx-"))
+
+
+def owned_export(directory: Path, like: OnnxExport) -> OnnxExport:
+    """The model.onnx and model.onnx.data in `directory` (a `temporary_directory()`) as an
+    export, names and opset as `like`'s; the directory is removed once the export is
+    collected (the backends that run it hold it)."""
+    exported = OnnxExport(
+        model_bytes=(directory / ONNX_FILE).read_bytes(),
+        input_names=list(like.input_names),
+        output_names=list(like.output_names),
+        seconds=like.seconds,
+        opset=like.opset,
+        parallel_width=like.parallel_width,
+        directory=directory,
+    )
+    cleanup = weakref.finalize(exported, shutil.rmtree, str(directory), True)
+    object.__setattr__(exported, "_cleanup", cleanup)
+    return exported
+
+
+def write_external_data(model_proto: Any, data_path: Path, min_bytes: int = 1024) -> None:
+    """Move the bytes of every tensor of more than `min_bytes` into one file at aligned
+    offsets, pointing the tensors at it (location, offset, length), as onnx's
+    convert_model_to_external_data does, with offsets a runtime can map."""
+    from onnx.external_data_helper import _get_all_tensors
+
+    with open(data_path, "wb") as data:
+        for tensor in _get_all_tensors(model_proto):
+            if not tensor.HasField("raw_data") or len(tensor.raw_data) <= min_bytes:
+                continue
+            content = tensor.raw_data
+            offset = data.tell() + (-data.tell() % _ALIGN)
+            data.seek(offset)
+            data.write(content)
+            tensor.ClearField("raw_data")
+            tensor.data_location = tensor.EXTERNAL
+            del tensor.external_data[:]
+            for key, value in (
+                ("location", DATA_FILE),
+                ("offset", str(offset)),
+                ("length", str(len(content))),
+            ):
+                entry = tensor.external_data.add()
+                entry.key, entry.value = key, value
+            del content
 
 
 def _convert(target: Target) -> OnnxExport:
     start = time.perf_counter()
     specs = tensor_specs(target.signature)
     _, concrete = target.traced()
-    model_proto = _to_onnx(concrete, specs)
+    large = weights_bytes(concrete) > external_data_bytes()
+    model_proto = _to_onnx(concrete, specs, large)
     input_names = [node.name for node in model_proto.graph.input]
     output_names = [node.name for node in model_proto.graph.output]
     expected_inputs = [spec.name for spec in specs]
@@ -92,14 +219,29 @@ def _convert(target: Target) -> OnnxExport:
         raise RuntimeError(
             f"ONNX graph has {len(output_names)} outputs, the model {len(target.output_dtypes)}"
         )
+    width = parallel_width(model_proto.graph)
+    if large:
+        like = OnnxExport(b"", input_names, output_names, 0.0, OPSET, width)
+        exported = external_export(model_proto, like)
+        object.__setattr__(exported, "seconds", time.perf_counter() - start)
+        return exported
     return OnnxExport(
         model_bytes=model_proto.SerializeToString(),
         input_names=input_names,
         output_names=output_names,
         seconds=time.perf_counter() - start,
         opset=OPSET,
-        parallel_width=parallel_width(model_proto.graph),
+        parallel_width=width,
     )
+
+
+def weights_bytes(concrete: Any) -> int:
+    """Bytes of the variables a traced function captures: what freezing makes constants."""
+    total = 0
+    for variable in concrete.graph.variables:
+        count = variable.shape.num_elements()
+        total += (count or 0) * variable.dtype.size
+    return total
 
 
 # Operators that carry a model's arithmetic: where two of them are independent, ONNX
@@ -127,8 +269,9 @@ def parallel_width(graph: Any) -> int:
     return max(counts.values(), default=0)
 
 
-def _to_onnx(concrete: Any, specs: list) -> Any:
-    """The traced function as an ONNX ModelProto whose only inputs are the function's arguments.
+def _to_onnx(concrete: Any, specs: list, large: bool = False) -> Any:
+    """The traced function as an ONNX ModelProto whose only inputs are the function's
+    arguments (`large`: frozen for weights past 2 GB, see the module's docstring).
 
     tf2onnx's `convert.from_function` is not used: it takes every placeholder of the traced
     function as a graph input, and a Keras 3 layer that keeps constants as plain tensors
@@ -147,8 +290,13 @@ def _to_onnx(concrete: Any, specs: list) -> Any:
     input_names = [tensor.name for tensor in concrete.inputs[: len(specs)]]
     output_names = [tensor.name for tensor in concrete.outputs]
     renames = {name: spec.name for name, spec in zip(input_names, specs, strict=True)}
+    const_values = None
     with tf.device("/cpu:0"), _Tf2onnxErrors() as errors:
-        graph_def = _frozen_graph_def(concrete, input_names, output_names)
+        graph_def = _frozen_graph_def(concrete, input_names, output_names, optimize=not large)
+        if large:  # the constants' bytes out of the GraphDef: TensorFlow imports it then
+            from tf2onnx.tf_utils import compress_graph_def
+
+            const_values = compress_graph_def(graph_def)
 
         def onnx_graph() -> Any:
             with tf.Graph().as_default() as tf_graph:
@@ -160,17 +308,26 @@ def _to_onnx(concrete: Any, specs: list) -> Any:
                     input_names=input_names,
                     output_names=output_names,
                     tensors_to_rename=renames,
+                    const_node_values=const_values,
                 )
 
         graph = _optimized(onnx_graph)
+        graph_def = const_values = None  # the tf2onnx graph holds what it needs of them
+    # Not tf2onnx's ExternalTensorStorage: it calls numpy's np.product, gone in numpy 2. The
+    # ModelProto holds the weights in memory (only serializing stops at 2 GB); past 2 GB,
+    # external_export moves them into model.onnx.data tensor by tensor.
     model_proto = graph.make_model(f"converted from {concrete.name}")
+    del graph
     _raise_on_unconverted(model_proto, errors.failed_nodes)
     return model_proto
 
 
-def _frozen_graph_def(concrete: Any, input_names: list[str], output_names: list[str]) -> Any:
+def _frozen_graph_def(
+    concrete: Any, input_names: list[str], output_names: list[str], optimize: bool = True
+) -> Any:
     """The traced graph with every variable and captured tensor as a constant, optimized by
-    grappler as tf2onnx does.
+    grappler as tf2onnx does (`optimize`; not past 2 GB: grappler serializes the GraphDef,
+    and tf2onnx's large_model skips it too).
 
     tf2onnx's `convert_variables_to_constants_large_model` freezes without building a new
     ConcreteFunction from the frozen graph: TensorFlow's `convert_variables_to_constants_v2`,
@@ -186,6 +343,8 @@ def _frozen_graph_def(concrete: Any, input_names: list[str], output_names: list[
     graph_def = tf_loader.fix_freezing_errors(graph_def)
     graph_def = tf_loader.fix_freezing_errors_part2(graph_def)
     _allow_inlining(graph_def)
+    if not optimize:
+        return graph_def
     with tf.Graph().as_default():  # grappler exports a meta graph: not in eager mode
         return tf_loader.tf_optimize(input_names, output_names, graph_def)
 
