@@ -83,12 +83,16 @@ class Sampler:
 
     def __init__(self, every_s: float = 0.5):
         self.every_s, self.peak, self.samples = every_s, 0.0, 0
+        self.series: list[tuple[float, float]] = []  # (seconds since start, GB)
+        self._start = time.perf_counter()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            self.peak = max(self.peak, tree_rss_gb())
+            rss = tree_rss_gb()
+            self.peak = max(self.peak, rss)
+            self.series.append((round(time.perf_counter() - self._start, 1), round(rss, 2)))
             self.samples += 1
             self._stop.wait(self.every_s)
 
@@ -135,7 +139,7 @@ def build(name: str, quick: bool):
         mask = keras.Input((None,), dtype="int32", name="padding_mask")
         x = keras.layers.Embedding(vocab, width)(ids) + keras.layers.Embedding(2, width)(segments)
         x = keras.layers.LayerNormalization()(_Positions(512, width)(x))
-        attention_mask = keras.ops.cast(mask[:, None, :], "bool")
+        attention_mask = keras.ops.cast(keras.ops.expand_dims(mask, 1), "bool")
         for _ in range(layers):
             attended = keras.layers.MultiHeadAttention(heads, width // heads)(
                 x, x, attention_mask=attention_mask
@@ -255,6 +259,7 @@ def child(name: str, quick: bool, by_hand: bool, out: Path) -> None:
         "stages": report.stages.to_dict() if report.stages else None,
         "report_peak_gb": getattr(report, "peak_rss_gb", None),
         "selected": opt.backend,
+        "series": sampler.series,
         "candidates": [
             {
                 "name": c.name,

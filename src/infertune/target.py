@@ -40,6 +40,7 @@ class Target:
     notes: list[str] = field(default_factory=list, repr=False)  # for the report
     offloaded_seconds: dict[str, float] = field(default_factory=dict, repr=False)
     _traced: tuple[Any, Any] | None = field(default=None, repr=False)
+    _weights: int | None = field(default=None, repr=False)
 
     def traced(self) -> tuple[Any, Any]:
         """The model as one tf.function of its flat inputs, batch free, and its concrete
@@ -61,6 +62,21 @@ class Target:
 
     def release_traced(self) -> None:
         self._traced = None
+
+    @property
+    def weights_measured(self) -> int | None:
+        """weights_bytes() where something measured it already, else None."""
+        return self._weights
+
+    def weights_bytes(self) -> int:
+        """Bytes of the variables the traced function captures (what freezing makes
+        constants, what every conversion copies); measured once."""
+        if self._weights is None:
+            _, concrete = self.traced()
+            self._weights = sum(
+                (v.shape.num_elements() or 0) * v.dtype.size for v in concrete.graph.variables
+            )
+        return self._weights
 
     def shared(self, key: str, build: Callable[[], Any]) -> Any:
         """Build a conversion once and share it (or its failure) between backends."""

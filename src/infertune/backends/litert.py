@@ -83,6 +83,7 @@ class LiteRT(Backend):
     name = "litert"
     conversions = ("tflite",)
     relative_cost = 0.5
+    memory_factor = 2.0  # the flatbuffer, and XNNPACK's packed weights
     requires = "litert"
     runtime_packages = ("ai-edge-litert",)
     rehearse_in_child = True
@@ -486,6 +487,9 @@ def _convert(target: Target, fixed: bool = False) -> Converted:
         _frozen, concrete, converter._freeze_concrete_function
     )
     converter.optimizations = []  # no quantization: float32 weights and arithmetic
+    # No conversion metadata: adding it reads the whole flatbuffer into Python objects and
+    # writes it again (two more copies of the weights, and their time); nothing reads it.
+    converter.exclude_conversion_metadata = True
     # Builtin ops only: an op without a builtin kernel fails the conversion here, rather than
     # needing TensorFlow's kernels (SELECT_TF_OPS) inside the interpreter.
     converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS]
@@ -497,11 +501,9 @@ def _large(target: Target) -> bool:
     """Whether the model's weights pass external_data_bytes(): the frozen GraphDef the
     concrete-function path hands the converter would be one protobuf message past 2 GB
     (it failed with `ConverterError: basic_string::append` on a 2.4 GB MLP)."""
-    from ..export.onnx import weights_bytes
     from ..settings import external_data_bytes
 
-    _, concrete = target.traced()
-    return weights_bytes(concrete) > external_data_bytes()
+    return target.source is not None and target.weights_bytes() > external_data_bytes()
 
 
 def _convert_large(target: Target, fixed: bool) -> Converted:
@@ -537,6 +539,7 @@ def _convert_large(target: Target, fixed: bool) -> Converted:
                 "stops at 2 GB"
             )
         converter._experimental_use_buffer_offset = True
+        converter.exclude_conversion_metadata = True
         converter.optimizations = []
         converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS]
         content = converter.convert()

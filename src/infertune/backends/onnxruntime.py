@@ -99,6 +99,7 @@ class OnnxRuntimeCpu(Backend):
     name = "onnxruntime-cpu"
     conversions = ("onnx",)
     relative_cost = 0.6  # a session compiled twice (rehearsal, then here)
+    memory_factor = 2.0  # its initializers, and MatMul weights packed again
     provider = "CPUExecutionProvider"
     requires = "cpu"  # or gpu/tensorrt: onnxruntime-gpu has the CPU provider too
     runtime_packages = ("onnxruntime",)
@@ -263,6 +264,7 @@ class OnnxRuntimeCpuInt8(OnnxRuntimeCpu):
     name = "onnxruntime-cpu-int8"
     conversions = ("onnx", "onnx-int8")
     precision = "int8"
+    memory_factor = 0.75  # int8 weights, and their packed form
     rehearse_in_child = True  # the saved model.onnx is the quantized one: it loads as it ran
     triton_serves = True  # the quantized model.onnx, in the same Triton backend
     # How it reduces precision, in words a person reading a report or a manifest understands.

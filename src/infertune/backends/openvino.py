@@ -49,6 +49,7 @@ class OpenVinoCpu(Backend):
     name = "openvino-cpu"
     conversions = ("onnx",)
     relative_cost = 2.0  # OpenVINO compiles the graph twice, JIT kernels included
+    memory_factor = 1.5  # its compiled weights (the ONNX file mapped beside them)
     precision = "fp32"
     requires = "openvino"
     runtime_packages = ("openvino",)
