@@ -86,3 +86,23 @@ def test_every_candidate_runs_external_data_and_a_saved_result_carries_it(large,
     tuned.export_triton(tmp_path / "repo", "big")
     version = tmp_path / "repo" / "big" / "1"
     assert (version / ONNX_FILE).is_file() and (version / DATA_FILE).is_file()
+
+
+def test_a_candidate_memory_cannot_hold_is_skipped_with_the_estimate(monkeypatch, rng):
+    from infertune.pipeline.preparing import MEMORY_RESERVE
+
+    # The candidates may hold 1 KB in all: nothing that copies the weights fits, while
+    # tf-function (the model's own variables) does.
+    monkeypatch.setenv("INFERTUNE_MEMORY_BYTES", str(MEMORY_RESERVE + 1000))
+    model = dense_model(64, 3)
+    opt = infertune.optimize(
+        model, rng.standard_normal((4, 64)), backends=["tf-function", "onnxruntime-cpu"]
+    )
+    by_name = {c.name: c for c in opt.report.candidates}
+    assert by_name["tf-function"].status in ("ok", "selected")
+    skipped = by_name["onnxruntime-cpu"]
+    assert skipped.status == "skipped"
+    assert "GB of memory" in skipped.reason and "onnx conversion" in skipped.reason
+    memory = opt.report.to_dict()["memory"]
+    assert memory["peak_bytes"] >= memory["before_bytes"] > 0
+    assert "memory: peak" in str(opt.report)

@@ -38,7 +38,7 @@ from ..options import Options
 from ..progress import Progress
 from ..report import CandidateResult
 from ..resources import available_bytes
-from ..settings import tf_worker_mode
+from ..settings import memory_limit_bytes, tf_worker_mode
 from ..target import Target
 from ..verify import Comparison, compare_outputs
 from .isolation import (
@@ -362,8 +362,12 @@ MEMORY_RESERVE = 1 << 30
 
 def _memory_budget() -> int | None:
     """Bytes the candidates may hold in all: what the machine has free now (Linux's
-    MemAvailable), less MEMORY_RESERVE; None where that cannot be read."""
+    MemAvailable; at most INFERTUNE_MEMORY_BYTES), less MEMORY_RESERVE; None where neither
+    is known."""
     free = available_bytes()
+    limit = memory_limit_bytes()  # INFERTUNE_MEMORY_BYTES
+    if limit is not None:
+        free = limit if free is None else min(free, limit)
     return None if free is None else max(0, free - MEMORY_RESERVE)
 
 
