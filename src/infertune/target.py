@@ -11,6 +11,7 @@ import numpy as np
 
 from .inputs import InputSignature
 from .models import ModelSource
+from .resources import release_freed_memory
 from .structure import Structure
 
 __all__ = ["Target"]
@@ -95,6 +96,11 @@ class Target:
                 self._shared[key] = (False, exc)
             finally:
                 self._building.discard(key)
+                # A conversion's intermediates (the frozen graph, tf2onnx's graph, the
+                # converter's buffers) are freed now; glibc keeps freed heap for reuse
+                # unless asked: on a BERT-base-sized model, gigabytes that no candidate
+                # after it would ever reuse.
+                release_freed_memory()
             end = time.perf_counter()
             self._seconds[key] = end - start
             self._spans[key] = (start, end)

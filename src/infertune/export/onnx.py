@@ -137,11 +137,13 @@ def read_onnx(directory: Path, settings: dict) -> OnnxExport:
     )
 
 
-def external_export(model_proto: Any, like: OnnxExport) -> OnnxExport:
-    """`model_proto` written as model.onnx and model.onnx.data in a new temporary directory,
-    every tensor of more than 1 KB moved (out of `model_proto`) into the data file. Names and
-    opset as `like`'s."""
-    directory = temporary_directory()
+def external_export(
+    model_proto: Any, like: OnnxExport, directory: Path | None = None
+) -> OnnxExport:
+    """`model_proto` written as model.onnx and model.onnx.data in `directory` (a new
+    temporary directory where None), every tensor of more than 1 KB still in it moved into
+    the data file (after what the file holds already). Names and opset as `like`'s."""
+    directory = directory or temporary_directory()
     try:
         write_external_data(model_proto, directory / DATA_FILE)
         (directory / ONNX_FILE).write_bytes(model_proto.SerializeToString())
@@ -180,25 +182,31 @@ def write_external_data(model_proto: Any, data_path: Path, min_bytes: int = 1024
     convert_model_to_external_data does, with offsets a runtime can map."""
     from onnx.external_data_helper import _get_all_tensors
 
-    with open(data_path, "wb") as data:
+    with open(data_path, "ab") as data:
         for tensor in _get_all_tensors(model_proto):
-            if not tensor.HasField("raw_data") or len(tensor.raw_data) <= min_bytes:
-                continue
-            content = tensor.raw_data
-            offset = data.tell() + (-data.tell() % _ALIGN)
-            data.seek(offset)
-            data.write(content)
-            tensor.ClearField("raw_data")
-            tensor.data_location = tensor.EXTERNAL
-            del tensor.external_data[:]
-            for key, value in (
-                ("location", DATA_FILE),
-                ("offset", str(offset)),
-                ("length", str(len(content))),
-            ):
-                entry = tensor.external_data.add()
-                entry.key, entry.value = key, value
-            del content
+            _to_file(tensor, data, min_bytes)
+
+
+def _to_file(tensor: Any, data: Any, min_bytes: int = 1024) -> None:
+    """A TensorProto's bytes appended to the open data file at an aligned offset, the
+    tensor pointing at them; nothing for a tensor of `min_bytes` or less."""
+    if not tensor.HasField("raw_data") or len(tensor.raw_data) <= min_bytes:
+        return
+    content = tensor.raw_data
+    end = data.seek(0, os.SEEK_END)
+    offset = end + (-end % _ALIGN)
+    data.write(b"\0" * (offset - end))
+    data.write(content)
+    tensor.ClearField("raw_data")
+    tensor.data_location = tensor.EXTERNAL
+    del tensor.external_data[:]
+    for key, value in (
+        ("location", DATA_FILE),
+        ("offset", str(offset)),
+        ("length", str(len(content))),
+    ):
+        entry = tensor.external_data.add()
+        entry.key, entry.value = key, value
 
 
 def _convert(target: Target) -> OnnxExport:
@@ -207,7 +215,15 @@ def _convert(target: Target) -> OnnxExport:
     _, concrete = target.traced()
     weights = target.weights_bytes()
     large = weights > external_data_bytes()
-    model_proto = _to_onnx(concrete, specs, large)
+    # Past 2 GB, the constants go to the data file before the ModelProto is made (which
+    # would otherwise hold a copy of every weight beside tf2onnx's graph).
+    directory = temporary_directory() if large else None
+    try:
+        model_proto = _to_onnx(concrete, specs, large, directory and directory / DATA_FILE)
+    except BaseException:
+        if directory is not None:
+            shutil.rmtree(directory, ignore_errors=True)
+        raise
     input_names = [node.name for node in model_proto.graph.input]
     output_names = [node.name for node in model_proto.graph.output]
     expected_inputs = [spec.name for spec in specs]
@@ -229,7 +245,7 @@ def _convert(target: Target) -> OnnxExport:
     width = parallel_width(model_proto.graph)
     if large or weights > EXTERNAL_DATA_MIN_BYTES:
         like = OnnxExport(b"", input_names, output_names, 0.0, OPSET, width)
-        exported = external_export(model_proto, like)
+        exported = external_export(model_proto, like, directory)
         object.__setattr__(exported, "seconds", time.perf_counter() - start)
         return exported
     return OnnxExport(
@@ -267,9 +283,13 @@ def parallel_width(graph: Any) -> int:
     return max(counts.values(), default=0)
 
 
-def _to_onnx(concrete: Any, specs: list, large: bool = False) -> Any:
+def _to_onnx(concrete: Any, specs: list, large: bool = False, data_path: Path | None = None) -> Any:
     """The traced function as an ONNX ModelProto whose only inputs are the function's
-    arguments (`large`: frozen for weights past 2 GB, see the module's docstring).
+    arguments. `large` (past 2 GB, see the module's docstring): frozen without grappler, the
+    constants' bytes taken out of the GraphDef before TensorFlow imports it (tf2onnx reads
+    them from there), and each constant of tf2onnx's graph written to `data_path` before the
+    ModelProto is made. On a BERT-base-sized model the export's peak went from 12x the
+    weights (grappler copies the GraphDef several times) to 6x.
 
     tf2onnx's `convert.from_function` is not used: it takes every placeholder of the traced
     function as a graph input, and a Keras 3 layer that keeps constants as plain tensors
@@ -291,10 +311,8 @@ def _to_onnx(concrete: Any, specs: list, large: bool = False) -> Any:
     const_values = None
     with tf.device("/cpu:0"), _Tf2onnxErrors() as errors:
         graph_def = _frozen_graph_def(concrete, input_names, output_names, optimize=not large)
-        if large:  # the constants' bytes out of the GraphDef: TensorFlow imports it then
-            from tf2onnx.tf_utils import compress_graph_def
-
-            const_values = compress_graph_def(graph_def)
+        if large:  # the constants' bytes out of the GraphDef before its import
+            graph_def, const_values = _compressed(graph_def, output_names)
 
         def onnx_graph() -> Any:
             with tf.Graph().as_default() as tf_graph:
@@ -311,6 +329,11 @@ def _to_onnx(concrete: Any, specs: list, large: bool = False) -> Any:
 
         graph = _optimized(onnx_graph)
         graph_def = const_values = None  # the tf2onnx graph holds what it needs of them
+    if data_path is not None:
+        with open(data_path, "ab") as data:
+            for node in graph.get_nodes():
+                if node.is_const():
+                    _to_file(node.get_attr("value").t, data)
     # Not tf2onnx's ExternalTensorStorage: it calls numpy's np.product, gone in numpy 2. The
     # ModelProto holds the weights in memory (only serializing stops at 2 GB); past 2 GB,
     # external_export moves them into model.onnx.data tensor by tensor.
@@ -345,6 +368,52 @@ def _frozen_graph_def(
         return graph_def
     with tf.Graph().as_default():  # grappler exports a meta graph: not in eager mode
         return tf_loader.tf_optimize(input_names, output_names, graph_def)
+
+
+def _compressed(graph_def: Any, output_names: list[str]) -> tuple[Any, dict[str, bytes]]:
+    """tf2onnx's `compress_graph_def` on a copy: a GraphDef whose constants of more than 1000
+    bytes are empty, and their bytes by node name. Clearing them in place (as tf2onnx does)
+    frees nothing while the message lives (protobuf's arena keeps them), so the copy is made
+    node by node and the original goes. The Identity each frozen variable read leaves on its
+    constant is dropped (its consumers read the constant): tf2onnx folds such an Identity
+    through TensorFlow, which made a second copy of every weight."""
+    from tf2onnx.tf_utils import compress_graph_def
+
+    values: dict[str, bytes] = {}
+    big = {
+        node.name
+        for node in graph_def.node
+        if node.op == "Const" and len(node.attr["value"].tensor.tensor_content) > 1000
+    }
+    outputs = {name.split(":")[0] for name in output_names}
+    reads = {  # Identity node -> the constant it reads
+        node.name: node.input[0]
+        for node in graph_def.node
+        if node.op == "Identity"
+        and len(node.input) == 1
+        and node.input[0] in big
+        and node.name not in outputs
+    }
+    small = type(graph_def)()
+    small.versions.CopyFrom(graph_def.versions)
+    small.library.CopyFrom(graph_def.library)
+    for node in graph_def.node:
+        if node.name in reads:
+            continue
+        copy = small.node.add()
+        if node.name in big:
+            tensor = node.attr["value"].tensor
+            values[node.name] = tensor.tensor_content
+            tensor.ClearField("tensor_content")
+        copy.CopyFrom(node)
+        for i, name in enumerate(copy.input):
+            control = name.startswith("^")
+            source, _, port = name.lstrip("^").partition(":")
+            if source in reads and port in ("", "0"):
+                copy.input[i] = ("^" if control else "") + reads[source]
+    del graph_def
+    values.update(compress_graph_def(small))  # whatever this missed (none expected)
+    return small, values
 
 
 # Marks that keep grappler from inlining a function call: a tf.function compiled by XLA

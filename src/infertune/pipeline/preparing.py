@@ -270,6 +270,8 @@ def _offload(others: list[_Candidate], run: _Run) -> None:
             continue
         stage = shared_stage(key)
         busy = _free_core() if mode == "auto" else None
+        if busy is None:
+            busy = _no_memory_for_worker(key, run)
         if busy is not None:
             run.target.notes.append(f"the {stage} was made here, not in a worker process: {busy}")
             continue
@@ -281,6 +283,31 @@ def _offload(others: list[_Candidate], run: _Run) -> None:
                 run.target.offload(key, OffloadedConversion(key, run.target))
         except Exception as exc:  # it is made here, as without a worker
             run.target.notes.append(f"no worker process for the {stage}: {one_line(exc)}")
+
+
+# What a worker process holds beside the model's copy and its conversion: TensorFlow itself.
+WORKER_BASE_BYTES = 1 << 30
+
+
+def _no_memory_for_worker(key: str, run: _Run) -> str | None:
+    """None where the memory left holds a worker (a second copy of the model and its
+    conversion) while this process makes the ONNX export, else why not."""
+    budget = run.memory_budget
+    if budget is None:
+        return None
+    try:
+        weights = run.target.weights_bytes()
+    except Exception:  # the trace fails: the conversions will say why
+        return None
+    factor = 1.0 + CONVERSION_MEMORY.get(key, 1.0) + CONVERSION_MEMORY["onnx"]
+    need = factor * weights + WORKER_BASE_BYTES
+    if need <= budget:
+        return None
+    return (
+        f"it would need about {need / 1e9:.1f} GB beside this process's ONNX export "
+        f"(a second copy of the weights' {weights / 1e9:.2f} GB and its conversion); "
+        f"{budget / 1e9:.1f} GB were free"
+    )
 
 
 # -- admission and the budget -------------------------------------------------------------
