@@ -13,8 +13,9 @@ constants taken out of the GraphDef before TensorFlow imports it, and the ONNX w
 written as external data: model.onnx (the graph alone) and model.onnx.data beside it, in a
 temporary directory that lives as long as the export. ONNX Runtime and OpenVINO load the
 pair from its path (both map the data file rather than copy it where they can); a saved
-result carries both files. Models past EXTERNAL_DATA_MIN_BYTES (64 MB) are written the same
-way after grappler, for the memory: every session maps one data file.
+result carries both files. Models past EXTERNAL_DATA_MIN_BYTES (64 MB) take the same path
+for memory (grappler copies the GraphDef several times; every session maps one data file),
+and grappler's where it fails.
 """
 
 from __future__ import annotations
@@ -215,11 +216,21 @@ def _convert(target: Target) -> OnnxExport:
     _, concrete = target.traced()
     weights = target.weights_bytes()
     large = weights > external_data_bytes()
-    # Past 2 GB, the constants go to the data file before the ModelProto is made (which
-    # would otherwise hold a copy of every weight beside tf2onnx's graph).
-    directory = temporary_directory() if large else None
+    # Past 64 MB, the lean path of models past 2 GB (no grappler, which copied a
+    # BERT-base-sized GraphDef into 5.5 GB more; constants to the data file before the
+    # ModelProto is made); below 2 GB, where it fails, grappler's path as before.
+    lean = large or weights > EXTERNAL_DATA_MIN_BYTES
+    directory = temporary_directory() if lean else None
     try:
-        model_proto = _to_onnx(concrete, specs, large, directory and directory / DATA_FILE)
+        model_proto = _to_onnx(concrete, specs, lean, directory and directory / DATA_FILE)
+    except Exception as exc:
+        if directory is not None:
+            shutil.rmtree(directory, ignore_errors=True)
+        if large or not lean:
+            raise
+        logging.getLogger("tf2onnx").debug("lean export failed, with grappler now: %s", exc)
+        directory = None
+        model_proto = _to_onnx(concrete, specs)
     except BaseException:
         if directory is not None:
             shutil.rmtree(directory, ignore_errors=True)
@@ -243,7 +254,7 @@ def _convert(target: Target) -> OnnxExport:
             f"ONNX graph has {len(output_names)} outputs, the model {len(target.output_dtypes)}"
         )
     width = parallel_width(model_proto.graph)
-    if large or weights > EXTERNAL_DATA_MIN_BYTES:
+    if lean:
         like = OnnxExport(b"", input_names, output_names, 0.0, OPSET, width)
         exported = external_export(model_proto, like, directory)
         object.__setattr__(exported, "seconds", time.perf_counter() - start)
