@@ -1,7 +1,7 @@
 """Large models: optimize() on models of hundreds of MB to past 2 GB of weights.
 
 python benchmarks/large.py [--models bert,recommender,dense] [--quick] [--no-by-hand]
-                           [--json FILE]
+                           [--max-gb GB] [--json FILE]
 
 Each model is built with random weights in a child process of its own (one at a time: the
 2 GB models need the machine's memory to themselves):
@@ -19,7 +19,9 @@ against what the process held before (with the model built) and against the weig
 optimize()'s time by stage; every candidate's fate; then the result timed against
 `tf.function` and against ONNX Runtime by hand (tf2onnx's `from_function`, with
 `large_model=True` and its external data past 2 GB) in one interleaved run. `--quick` builds
-small models of the same shapes (a smoke test of the script, seconds each).
+small models of the same shapes (a smoke test of the script, seconds each). `--max-gb`
+kills a model's child whose memory passes it (on a machine shared with other work; set
+INFERTUNE_MEMORY_BYTES too, so that optimize() skips what would not fit).
 
 Prints one markdown table (for docs/benchmarks.md) with the machine's memory.
 """
@@ -310,7 +312,9 @@ def _interleaved(runners: dict, rounds: int = 7, block_s: float = 0.3) -> dict:
     order = list(runners)
     for round_ in range(rounds):
         for name in order[round_ % len(order) :] + order[: round_ % len(order)]:
+            runners[name](None)  # untimed: the switch from the last runner
             times[name] += _median_ms(runners[name], None, block_s)
+            time.sleep(0.06)  # ONNX Runtime's threads spin about 40 ms after a call
     import statistics
 
     return {name: statistics.median(values) for name, values in times.items()}
@@ -368,6 +372,9 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="small models of the same shapes")
     parser.add_argument("--no-by-hand", action="store_true", help="no ONNX Runtime by hand")
     parser.add_argument("--json", type=Path)
+    parser.add_argument(
+        "--max-gb", type=float, default=0.0, help="kill a model's child past this much memory"
+    )
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -380,10 +387,17 @@ def main() -> None:
             out = Path(tmp) / "row.json"
             command = [sys.executable, __file__, "--child", name, "--out", str(out)]
             command += ["--quick"] * args.quick + ["--no-by-hand"] * args.no_by_hand
-            done = subprocess.run(command, check=False)
+            child_process = subprocess.Popen(command)
+            over = None
+            while child_process.poll() is None:
+                rss = tree_rss_gb(child_process.pid)
+                if args.max_gb and rss > args.max_gb:
+                    over = f"killed at {rss:.1f} GB (--max-gb {args.max_gb:g})"
+                    child_process.kill()
+                time.sleep(0.5)
             row = json.loads(out.read_text()) if out.exists() else {"model": name}
-            if done.returncode != 0:
-                row.setdefault("error", f"exit status {done.returncode}")
+            if child_process.returncode != 0:
+                row.setdefault("error", over or f"exit status {child_process.returncode}")
             rows.append(row)
         print(json.dumps(rows[-1], default=str)[:2000], file=sys.stderr)
     print(table(rows))

@@ -381,7 +381,8 @@ def _fits(state: _Candidate, run: _Run, pending: list[_Candidate]) -> bool:
 # Transient copies of the weights a shared conversion makes while it runs, beyond the model:
 # the frozen GraphDef, tf2onnx's graph, the ModelProto and its bytes; the converter's MLIR
 # module and its flatbuffer.
-CONVERSION_MEMORY = {"onnx": 3.0, "onnx-int8": 1.0, "tflite": 3.0, "tflite-fixed": 3.0}
+# (measured peaks above the model, BERT-base-sized: ONNX export 4.1x, TFLite conversion 3.3x)
+CONVERSION_MEMORY = {"onnx": 4.0, "onnx-int8": 1.0, "tflite": 3.5, "tflite-fixed": 3.5}
 # What the rest of optimize() needs beside the candidates: verification and measurement
 # inputs and outputs, the runtimes' own code and arenas.
 MEMORY_RESERVE = 1 << 30
