@@ -17,6 +17,10 @@ from .structure import Structure
 __all__ = ["Target"]
 
 
+# Weights past which each shared conversion hands its freed memory back at once.
+RELEASE_AFTER_BYTES = 64 << 20
+
+
 @dataclass
 class Target:
     """Everything a backend may use to prepare the model, the same for every candidate.
@@ -99,8 +103,10 @@ class Target:
                 # A conversion's intermediates (the frozen graph, tf2onnx's graph, the
                 # converter's buffers) are freed now; glibc keeps freed heap for reuse
                 # unless asked: on a BERT-base-sized model, gigabytes that no candidate
-                # after it would ever reuse.
-                release_freed_memory()
+                # after it would ever reuse. Not for small models: the full garbage
+                # collection would cost more time than the memory is worth.
+                if (self._weights or 0) > RELEASE_AFTER_BYTES:
+                    release_freed_memory()
             end = time.perf_counter()
             self._seconds[key] = end - start
             self._spans[key] = (start, end)
