@@ -466,7 +466,7 @@ def test_the_float16_graph_for_tensorrt_11_runs_and_is_reduced_precision():
     model = dense_model()
     x = np.random.default_rng(2).standard_normal((4, 6)).astype("float32")
     backend, _ = prepared_backend(OnnxRuntimeCpu(), model, x)
-    fp16 = float16_onnx(backend._saved[0])
+    fp16 = float16_onnx(backend._saved[0].model_bytes)
     graph = onnx.load_from_string(fp16).graph
     assert {i.data_type for i in graph.initializer} == {onnx.TensorProto.FLOAT16}
     float32 = onnx.TensorProto.FLOAT

@@ -368,13 +368,22 @@ def profile_shapes(
 
 
 def engine_cache_key(
-    model_bytes: bytes, precision: str, profile: Profile, trt_version: str, gpu_name: str
+    model_bytes: bytes | str, precision: str, profile: Profile, trt_version: str, gpu_name: str
 ) -> str:
     """A stable hex digest naming a built engine: the same ONNX model, precision, profile,
     TensorRT version and GPU give the same engine; anything else must build anew (an engine
-    is specific to the GPU model and the TensorRT version that built it)."""
+    is specific to the GPU model and the TensorRT version that built it). `model_bytes` may
+    be the path of a model.onnx whose weights are external data beside it (both hashed)."""
     digest = hashlib.sha256()
-    digest.update(hashlib.sha256(model_bytes).digest())
+    if isinstance(model_bytes, str):
+        model = hashlib.sha256()
+        for file in sorted(Path(model_bytes).parent.glob("model.onnx*")):
+            with open(file, "rb") as f:
+                for block in iter(lambda f=f: f.read(1 << 24), b""):
+                    model.update(block)
+        digest.update(model.digest())
+    else:
+        digest.update(hashlib.sha256(model_bytes).digest())
     settings = {
         "precision": precision,
         "profile": profile.to_json(),

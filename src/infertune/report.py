@@ -152,6 +152,10 @@ class Report:
     # candidate chosen among those that run any shape, which serves every other call, and why.
     general_backend: str | None = None
     general_reason: str = ""
+    # Resident memory of optimize()'s process and its children (the rehearsal child, a worker
+    # process), sampled every 0.5 s: "before_bytes" when tuning began, "peak_bytes", and the
+    # model's "weights_bytes". None where it could not be read.
+    memory: dict | None = None
 
     @property
     def backends_by_batch(self) -> dict[int, str]:
@@ -250,6 +254,7 @@ class Report:
             "stages": self.stages.to_dict() if self.stages else None,
             "general_backend": self.general_backend,
             "general_reason": self.general_reason,
+            "memory": self.memory,
         }
 
     @classmethod
@@ -325,6 +330,8 @@ class Report:
             if i == 0:
                 lines.append("  ".join("-" * w for w in widths))
         lines.append("")
+        if self.memory and self.memory.get("peak_bytes"):
+            lines.append(memory_line(self.memory))
         lines.extend(self._reason_lines(hidden))
         for clause, names in grouped.items():
             lines.append(
@@ -575,3 +582,17 @@ def _finite(value):
     if isinstance(value, list):
         return [_finite(v) for v in value]
     return value
+
+
+def memory_line(memory: dict) -> str:
+    """The report's line on memory: the peak, what was held before, against the weights."""
+    gb = 1e9
+    peak, before = memory["peak_bytes"], memory.get("before_bytes") or 0
+    line = (
+        f"memory: peak {peak / gb:.2f} GB resident (this process and its children), "
+        f"{before / gb:.2f} GB before tuning"
+    )
+    weights = memory.get("weights_bytes")
+    if weights:
+        line += f"; {(peak - before) / weights:.1f}x the weights' {weights / gb:.2f} GB above that"
+    return line

@@ -1,4 +1,5 @@
-"""Giving back what rejected candidates held, once optimize() is done with them.
+"""Memory: giving back what rejected candidates held, once optimize() is done with them;
+what the machine has free, and the peak of optimize()'s process and its children.
 
 Closing a candidate frees its sessions and buffers, but glibc's allocator keeps freed heap
 pages mapped for reuse: measured on MobileNetV2, a process that had tried every candidate still
@@ -11,10 +12,12 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import gc
+import os
 import sys
+import threading
 from functools import cache
 
-__all__ = ["release_freed_memory"]
+__all__ = ["MemoryPeak", "available_bytes", "release_freed_memory", "tree_rss_bytes"]
 
 
 def release_freed_memory() -> None:
@@ -35,3 +38,99 @@ def _malloc_trim():
         return libc.malloc_trim
     except (OSError, AttributeError):
         return None
+
+
+def available_bytes() -> int | None:
+    """Memory the machine can give without swapping (Linux's MemAvailable), or None where it
+    cannot be read."""
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def tree_rss_bytes(pid: int | None = None) -> int | None:
+    """Resident memory of a process and all its descendants (the rehearsal child, a worker),
+    or None where /proc cannot be read."""
+    pending, total, seen = [pid or os.getpid()], 0, False
+    while pending:
+        current = pending.pop()
+        rss = _rss_bytes(current)
+        if rss is None:
+            continue
+        total, seen = total + rss, True
+        pending += _children(current)
+    return total if seen else None
+
+
+def _rss_bytes(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            for line in status:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return found
+    for task in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{task}/children") as children:
+                found += [int(child) for child in children.read().split()]
+        except (OSError, ValueError):
+            pass
+    return found
+
+
+class MemoryPeak:
+    """The peak of tree_rss_bytes() while it runs (a thread samples it every `every_s`
+    seconds); `before` what the process tree held when it started. Nothing where /proc is
+    not there (peak None)."""
+
+    def __init__(self, every_s: float = 0.5):
+        self.every_s = every_s
+        self.before = tree_rss_bytes()
+        self.peak = self.before
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> MemoryPeak:
+        if self.before is not None:
+            self._thread = threading.Thread(
+                target=self._sample, name="infertune memory", daemon=True
+            )
+            self._thread.start()
+        return self
+
+    def _sample(self) -> None:
+        while not self._stop.wait(self.every_s):
+            self.sample()
+
+    def sample(self) -> None:
+        rss = tree_rss_bytes()
+        if rss is not None and (self.peak is None or rss > self.peak):
+            self.peak = rss
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        self.sample()
+
+    def held_since_start(self) -> int:
+        """Bytes the tree holds now above what it held when this started (0 if unknown)."""
+        now = tree_rss_bytes()
+        if now is None or self.before is None:
+            return 0
+        return max(0, now - self.before)

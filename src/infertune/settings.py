@@ -9,6 +9,12 @@ it is used, so a test sets it with `monkeypatch.setenv` and a benchmark in its e
                              to a worker process where a core is free (pipeline/tf_worker.py);
                              "always": every one, whatever its size or the machine's load;
                              "never": none
+    INFERTUNE_EXTERNAL_DATA_BYTES  weights (bytes) past which the ONNX export keeps them as
+                             external data and the TFLite conversion takes its large-model
+                             path (default 1 GiB, below protobuf's 2 GiB; tests lower it)
+    INFERTUNE_MEMORY_BYTES   the most memory (bytes) the candidates may hold in all, below what
+                             the machine has free (on a machine shared with other work);
+                             unset: what is free when tuning begins
     INFERTUNE_MACHINE_FILE   where what runs learn about the machine is kept (machine.py)
 """
 
@@ -16,15 +22,35 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["TF_WORKER_MODES", "measure_s", "tf_worker_mode"]
+__all__ = [
+    "TF_WORKER_MODES",
+    "external_data_bytes",
+    "measure_s",
+    "memory_limit_bytes",
+    "tf_worker_mode",
+]
 
 DEFAULT_MEASURE_S = 5.0
+DEFAULT_EXTERNAL_DATA_BYTES = 1 << 30
 TF_WORKER_MODES = ("auto", "always", "never")
 
 
 def measure_s() -> float:
     """Seconds of measurement per batch size without a time budget: INFERTUNE_MEASURE_S."""
     return _positive("INFERTUNE_MEASURE_S", DEFAULT_MEASURE_S)
+
+
+def external_data_bytes() -> int:
+    """INFERTUNE_EXTERNAL_DATA_BYTES: weights past which the conversions take their paths
+    for models past protobuf's 2 GiB."""
+    return int(_positive("INFERTUNE_EXTERNAL_DATA_BYTES", DEFAULT_EXTERNAL_DATA_BYTES))
+
+
+def memory_limit_bytes() -> int | None:
+    """INFERTUNE_MEMORY_BYTES: the most memory the candidates may hold in all, or None."""
+    if not os.environ.get("INFERTUNE_MEMORY_BYTES", "").strip():
+        return None
+    return int(_positive("INFERTUNE_MEMORY_BYTES", 0.0))
 
 
 def tf_worker_mode() -> str:
@@ -46,5 +72,5 @@ def _positive(name: str, default: float) -> float:
     except ValueError:
         value = -1.0
     if not value > 0:
-        raise ValueError(f"{name} must be a positive number of seconds. Received: {text!r}.")
+        raise ValueError(f"{name} must be a positive number. Received: {text!r}.")
     return value

@@ -11,9 +11,14 @@ import numpy as np
 
 from .inputs import InputSignature
 from .models import ModelSource
+from .resources import release_freed_memory
 from .structure import Structure
 
 __all__ = ["Target"]
+
+
+# Weights past which each shared conversion hands its freed memory back at once.
+RELEASE_AFTER_BYTES = 64 << 20
 
 
 @dataclass
@@ -40,6 +45,7 @@ class Target:
     notes: list[str] = field(default_factory=list, repr=False)  # for the report
     offloaded_seconds: dict[str, float] = field(default_factory=dict, repr=False)
     _traced: tuple[Any, Any] | None = field(default=None, repr=False)
+    _weights: int | None = field(default=None, repr=False)
 
     def traced(self) -> tuple[Any, Any]:
         """The model as one tf.function of its flat inputs, batch free, and its concrete
@@ -62,6 +68,21 @@ class Target:
     def release_traced(self) -> None:
         self._traced = None
 
+    @property
+    def weights_measured(self) -> int | None:
+        """weights_bytes() where something measured it already, else None."""
+        return self._weights
+
+    def weights_bytes(self) -> int:
+        """Bytes of the variables the traced function captures (what freezing makes
+        constants, what every conversion copies); measured once."""
+        if self._weights is None:
+            _, concrete = self.traced()
+            self._weights = sum(
+                (v.shape.num_elements() or 0) * v.dtype.size for v in concrete.graph.variables
+            )
+        return self._weights
+
     def shared(self, key: str, build: Callable[[], Any]) -> Any:
         """Build a conversion once and share it (or its failure) between backends."""
         self.used.append(key)
@@ -79,6 +100,13 @@ class Target:
                 self._shared[key] = (False, exc)
             finally:
                 self._building.discard(key)
+                # A conversion's intermediates (the frozen graph, tf2onnx's graph, the
+                # converter's buffers) are freed now; glibc keeps freed heap for reuse
+                # unless asked: on a BERT-base-sized model, gigabytes that no candidate
+                # after it would ever reuse. Not for small models: the full garbage
+                # collection would cost more time than the memory is worth.
+                if (self._weights or 0) > RELEASE_AFTER_BYTES:
+                    release_freed_memory()
             end = time.perf_counter()
             self._seconds[key] = end - start
             self._spans[key] = (start, end)

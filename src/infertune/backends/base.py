@@ -87,6 +87,11 @@ class Backend(ABC):
     # trace's time grows with the graph and the machine's speed as theirs do).
     conversions: ClassVar[tuple[str, ...]] = ()
     relative_cost: ClassVar[float] = 1.0
+    # For admission by memory (pipeline/preparing.py): the copies of the model's weights the
+    # prepared candidate holds in this process (a session's initializers and their packed
+    # form, an interpreter's flatbuffer and XNNPACK's packed weights), beyond the model
+    # itself. Its shared conversions' transient copies are counted apart (CONVERSION_MEMORY).
+    memory_factor: ClassVar[float] = 1.0
     # The input shapes this prepared backend can run, where it runs only those (known once
     # convert() or prepare() has run): the sample's, as LiteRT when TFLite converts the model
     # at the sample's exact shapes but not with its free dimensions. None: any shape the

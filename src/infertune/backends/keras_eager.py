@@ -32,6 +32,7 @@ class KerasEager(Backend):
 
     name = "keras-eager"
     relative_cost = 0.0
+    memory_factor = 0.0  # the model itself
     runtime_packages = ("tensorflow", "keras")
     triton_serves = True
 

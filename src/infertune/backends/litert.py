@@ -72,6 +72,10 @@ class LiteRT(Backend):
     and the tests' dense and convolutional models both conversions were made and compared:
     the same operators each time (tests/test_litert.py checks it where this decides).
 
+    Nor is it made for a model past FIXED_CONVERSION_MAX_BYTES (32 MB): the free conversion
+    serves the sample's shapes, and a second one would double the conversion's time and
+    memory for a saving that matters only on calls of microseconds.
+
     Where the conversion with free dimensions fails and the one at the sample's exact shapes
     succeeds, the backend runs that one alone: `exact_shapes` is the sample's shapes, and a
     call at any other shape raises (the pipeline never makes one).
@@ -80,6 +84,7 @@ class LiteRT(Backend):
     name = "litert"
     conversions = ("tflite",)
     relative_cost = 0.5
+    memory_factor = 2.0  # the flatbuffer, and XNNPACK's packed weights
     requires = "litert"
     runtime_packages = ("ai-edge-litert",)
     rehearse_in_child = True
@@ -534,6 +539,8 @@ def _convert(target: Target, fixed: bool = False) -> Converted:
     free batch dimension, or `fixed` at the sample's exact input shapes."""
     import tensorflow as tf
 
+    if _large(target):
+        return _convert_large(target, fixed)
     if fixed:
         specs = tensor_specs(target.signature)
         shapes = target.signature.concrete_shapes()
@@ -552,11 +559,82 @@ def _convert(target: Target, fixed: bool = False) -> Converted:
     rewritten: list[str] = []  # the ops the converter rejects, rewritten (rewrites.py)
     converter._freeze_concrete_function = rewriting_for_tflite(freeze, rewritten)
     converter.optimizations = []  # no quantization: float32 weights and arithmetic
+    # No conversion metadata: adding it reads the whole flatbuffer into Python objects and
+    # writes it again (two more copies of the weights, and their time); nothing reads it.
+    converter.exclude_conversion_metadata = True
     # Builtin ops only: an op without a builtin kernel fails the conversion here, rather than
     # needing TensorFlow's kernels (SELECT_TF_OPS) inside the interpreter.
     converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS]
     names = tuple(_tensor_name(tensor.name) for tensor in concrete.outputs)
     return Converted(converter.convert(), names, tuple(rewritten))
+
+
+def _large(target: Target) -> bool:
+    """Whether the model's weights pass external_data_bytes(): the frozen GraphDef the
+    concrete-function path hands the converter would be one protobuf message past 2 GB
+    (it failed with `ConverterError: basic_string::append` on a 2.4 GB MLP)."""
+    from ..settings import external_data_bytes
+
+    return target.source is not None and target.weights_bytes() > external_data_bytes()
+
+
+def _convert_large(target: Target, fixed: bool) -> Converted:
+    """TFLite's large-model path: the function saved as a SavedModel (its variables in files
+    of their own, no 2 GB message), converted from there with the weights stored after the
+    flatbuffer (`_experimental_use_buffer_offset`: flatbuffers stop at 2 GB too). The outputs
+    are a dict keyed in order, whose signature names their tensors in the flatbuffer."""
+    import shutil
+    import tempfile
+
+    import tensorflow as tf
+
+    flat, concrete = target.traced()
+    specs = tensor_specs(target.signature)
+    if fixed:
+        shapes = target.signature.concrete_shapes()
+        specs = [tf.TensorSpec(shape, s.dtype, name=s.name) for shape, s in zip(shapes, specs)]
+
+    def keyed(*args):
+        return {f"out_{i:04d}": tensor for i, tensor in enumerate(flat(*args))}
+
+    function = tf.function(keyed, input_signature=specs)
+    module = tf.Module()
+    module.function = function
+    module.variables_kept = list(concrete.graph.variables)  # tracked: saved with the module
+    directory = tempfile.mkdtemp(prefix="infertune-tflite-")
+    try:
+        tf.saved_model.save(module, directory, signatures=function.get_concrete_function())
+        converter = tf.lite.TFLiteConverter.from_saved_model(directory)
+        if not hasattr(converter, "_experimental_use_buffer_offset"):
+            raise RuntimeError(
+                "this TFLite converter cannot store weights outside the flatbuffer, which "
+                "stops at 2 GB"
+            )
+        converter._experimental_use_buffer_offset = True
+        converter.exclude_conversion_metadata = True
+        converter.optimizations = []
+        converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS]
+        content = converter.convert()
+        del converter
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+    return Converted(content, _signature_output_names(content))
+
+
+def _signature_output_names(content: bytes) -> tuple[str, ...]:
+    """The output tensors' names of a model converted from a SavedModel, in the order of
+    its signature's output keys (out_0000, out_0001, ...), read by an interpreter without
+    XNNPACK (which would pack a copy of every weight)."""
+    from ai_edge_litert.interpreter import Interpreter, OpResolverType
+
+    interpreter = Interpreter(
+        model_content=content,
+        experimental_op_resolver_type=OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES,
+    )
+    signature = next(iter(interpreter._get_full_signature_list().values()))
+    names = {detail["index"]: detail["name"] for detail in interpreter.get_output_details()}
+    outputs = signature["outputs"]
+    return tuple(_tensor_name(names[outputs[key]]) for key in sorted(outputs))
 
 
 def _frozen(concrete: Any, converters_own: Callable[[], tuple]) -> tuple[Any, list, list, Any]:
@@ -621,9 +699,20 @@ def read_conversion(directory: Path) -> Converted:
     return Converted((directory / "model.tflite").read_bytes(), names, rewrites)
 
 
+# The free-dimension model past which no conversion at the sample's shapes is made: the
+# free one already serves the sample's shapes, and a second conversion costs as much as the
+# first (BERT-base-sized, 0.44 GB: 26 s more, and a second copy of the weights while it
+# runs) to fold shape arithmetic whose share of a call shrinks as the model grows (it
+# mattered on the demo's small CNN, whose call is tens of microseconds).
+FIXED_CONVERSION_MAX_BYTES = 32 << 20
+
+
 def _convert_fixed(target: Target, free: Converted) -> Converted | None:
-    """The conversion at the sample's exact shapes, or None where it would fold nothing: the
-    free-batch model reads no shape at run time (see LiteRT)."""
+    """The conversion at the sample's exact shapes, or None where the free-dimension one
+    serves them as well: a model past FIXED_CONVERSION_MAX_BYTES, or one that reads no shape
+    at run time, so that there is nothing to fold (see LiteRT)."""
+    if len(free.content) > FIXED_CONVERSION_MAX_BYTES:
+        return None
     if not reads_shapes(free, len(target.signature.specs), len(target.output_dtypes)):
         return None
     return _convert(target, fixed=True)

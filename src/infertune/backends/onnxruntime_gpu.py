@@ -118,7 +118,8 @@ class OnnxRuntimeCuda(OnnxRuntimeCpu):
 
     def prepare(self, target: Target) -> None:
         self.convert(target)
-        model_bytes, exported = self._saved
+        model, exported = self._saved
+        model_bytes = model.session_model()  # bytes, or a path past 2 GB
         self._plan = iobinding_plan(
             target.signature, exported.input_names, exported.output_names, self.cuda_graph
         )

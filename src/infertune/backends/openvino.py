@@ -21,7 +21,7 @@ from ..export.onnx import export_onnx, read_onnx, write_onnx
 from ..inputs import InputSignature
 from ..outputs import OutputSignature
 from .base import Backend, Target
-from .triton_plan import TritonPlan, copy_file, model_names, onnx_tensors
+from .triton_plan import TritonPlan, copy_onnx, model_names, onnx_tensors
 
 __all__ = ["OpenVinoCpu", "OpenVinoCpuBf16"]
 
@@ -49,6 +49,7 @@ class OpenVinoCpu(Backend):
     name = "openvino-cpu"
     conversions = ("onnx",)
     relative_cost = 2.0  # OpenVINO compiles the graph twice, JIT kernels included
+    memory_factor = 1.5  # its compiled weights (the ONNX file mapped beside them)
     precision = "fp32"
     requires = "openvino"
     runtime_packages = ("openvino",)
@@ -84,8 +85,9 @@ class OpenVinoCpu(Backend):
         self.convert(target)
         exported = self._exported
         core = _core()
-        # The ONNX frontend reads the serialized ModelProto from memory: no temporary file.
-        model = core.read_model(exported.model_bytes)
+        # The ONNX frontend reads the serialized ModelProto from memory: no temporary file;
+        # past 2 GB, model.onnx from its path, which maps model.onnx.data beside it.
+        model = core.read_model(exported.session_model())
         wanted = getattr(openvino.Type, self.inference_precision)
         compiled = core.compile_model(
             model,
@@ -160,7 +162,7 @@ class OpenVinoCpu(Backend):
         """model.onnx (OpenVINO compiles it on load) and the compile settings."""
         exported = self._exported
         return {
-            **write_onnx(directory, exported.model_bytes, exported),
+            **write_onnx(directory, exported, exported),
             "performance_hint": self.performance_hint,  # as constructed (None: the objective's)
             "hint": self.hint,  # as compiled
             "inference_precision": self.inference_precision,
@@ -174,7 +176,7 @@ class OpenVinoCpu(Backend):
         settings = entry["settings"]
         triton_inputs, triton_outputs = onnx_tensors(directory / settings["file"])
         plan = TritonPlan(
-            "openvino", None, triton_inputs, triton_outputs, copy_file(directory, settings["file"])
+            "openvino", None, triton_inputs, triton_outputs, copy_onnx(directory, settings)
         )
         plan.names = model_names(inputs, outputs, settings["input_names"], settings["output_names"])
         plan.default_model_filename = "model.onnx"

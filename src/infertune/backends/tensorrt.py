@@ -154,6 +154,11 @@ class TensorRtEngine(Backend):
 
     def convert(self, target: Target) -> None:
         self._exported = export_onnx(target)
+        if self._exported.directory is not None:  # parsed from bytes here: no external data
+            raise RuntimeError(
+                "the model's weights are ONNX external data (past protobuf's 2 GB), which this "
+                "candidate's parser (from bytes) does not read yet; onnxruntime-tensorrt does"
+            )
 
     def prepare(self, target: Target) -> None:
         import tensorrt as trt

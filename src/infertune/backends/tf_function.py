@@ -33,6 +33,7 @@ class TfFunction(Backend):
 
     name = "tf-function"
     relative_cost = 1.5  # one trace, and its first call
+    memory_factor = 0.0  # reads the model's own variables
     jit_compile = False
     runtime_packages = ("tensorflow",)
     triton_serves = True

@@ -12,5 +12,6 @@ class TfXla(TfFunction):
 
     name = "tf-xla"
     relative_cost = 4.0  # XLA compiles at the first call, and again at another batch size
+    memory_factor = 0.5  # the model's variables, and XLA's buffers for them
     jit_compile = True
     triton_serves = True  # the same saved function, XLA on (graph level 1)

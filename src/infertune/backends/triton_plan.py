@@ -17,7 +17,7 @@ from ..errors import ExportError
 from ..inputs import InputSignature
 from ..outputs import OutputSignature
 
-__all__ = ["TritonPlan", "TritonTensor", "copy_file", "model_names", "onnx_tensors"]
+__all__ = ["TritonPlan", "TritonTensor", "copy_file", "copy_onnx", "model_names", "onnx_tensors"]
 
 _TYPES = {
     "bool": "TYPE_BOOL",
@@ -104,3 +104,15 @@ def onnx_tensors(path: Path) -> tuple[list[TritonTensor], list[TritonTensor]]:
 def copy_file(directory: Path, rel: str) -> Callable[[Path], None]:
     """A plan's `write`: the one file `rel` of the artifact into the version directory."""
     return lambda version_dir: shutil.copy2(directory / rel, version_dir / Path(rel).name)
+
+
+def copy_onnx(directory: Path, settings: dict) -> Callable[[Path], None]:
+    """A plan's `write`: model.onnx, and model.onnx.data beside it where the weights are
+    external data (past 2 GB: Triton's ONNX Runtime and OpenVINO backends read it there)."""
+    rels = [settings["file"]] + ([settings["data_file"]] if settings.get("data_file") else [])
+
+    def write(version_dir: Path) -> None:
+        for rel in rels:
+            shutil.copy2(directory / rel, version_dir / Path(rel).name)
+
+    return write

@@ -4,27 +4,64 @@ tf2onnx's `from_keras` fails on Keras 3 models (KeyError 'keras_tensor_N', tf2on
 so the model is traced as a tf.function of flat inputs, frozen and converted with tf2onnx's
 stages (those of its `from_function`, see `_to_onnx`), which works for Keras 3, tf_keras,
 tf.Module and SavedModel functions alike.
+
+Past 2 GB. Protocol buffers stop at 2 GiB, and a frozen GraphDef or an ONNX ModelProto holds
+the weights inside it. A model whose weights pass `external_data_bytes()` (1 GiB, below the
+limit with room for the graph; INFERTUNE_EXTERNAL_DATA_BYTES lowers it for tests) is exported
+as tf2onnx's `large_model` does: frozen without grappler (which serializes the GraphDef), its
+constants taken out of the GraphDef before TensorFlow imports it, and the ONNX weights
+written as external data: model.onnx (the graph alone) and model.onnx.data beside it, in a
+temporary directory that lives as long as the export. ONNX Runtime and OpenVINO load the
+pair from its path (both map the data file rather than copy it where they can); a saved
+result carries both files. Models past EXTERNAL_DATA_MIN_BYTES (256 MB) take the same path
+for memory (grappler copies the GraphDef several times; every session maps one data file),
+and grappler's where it fails.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import shutil
+import tempfile
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..errors import one_line
 from ..models import tensor_specs
+from ..settings import external_data_bytes
 from ..target import Target
 from .rewrites import rewrite_for_onnx
 
-__all__ = ["OnnxExport", "export_onnx", "OPSET", "ONNX_FILE", "read_onnx", "write_onnx"]
+__all__ = [
+    "DATA_FILE",
+    "ONNX_FILE",
+    "OPSET",
+    "OnnxExport",
+    "export_onnx",
+    "external_export",
+    "owned_export",
+    "temporary_directory",
+    "read_onnx",
+    "write_onnx",
+]
 
 OPSET = 17
 ONNX_FILE = "model.onnx"  # the saved artifact of every ONNX-based candidate (Triton's name too)
+DATA_FILE = "model.onnx.data"  # its weights, where they are external data (past 2 GB)
+_ALIGN = 1 << 16  # offsets of external tensors: a page multiple, so that runtimes can map them
+# Weights past which the export takes the lean path of models past 2 GB even below them
+# (no grappler; weights as external data: ONNX Runtime then maps model.onnx.data instead of
+# copying the model's bytes into each session). Measured on a BERT-base-sized export (0.52
+# GB): three sessions took 2.2 GB from the bytes (0.52 of them the bytes), 1.1 GB from the
+# path; the export's peak went from 12.5x the weights to 4.1x. 256 MB keeps the model zoo's
+# convolutional networks (ResNet50: 100 MB) on grappler's path, whose graphs were measured.
+EXTERNAL_DATA_MIN_BYTES = 256 << 20
 
 
 @dataclass(frozen=True)
@@ -40,6 +77,21 @@ class OnnxExport:
     # for a chain of layers, 2 or more for parallel branches (Inception blocks, attention's
     # query/key/value). None where not known (an export read back from a saved file).
     parallel_width: int | None = None
+    # Where the weights are external data: the directory holding model.onnx (whose bytes
+    # `model_bytes` are: the graph alone) and model.onnx.data. None: all in `model_bytes`.
+    directory: Path | None = None
+    # Removes a temporary `directory` once the export is collected (None: not ours to remove).
+    _cleanup: Any = field(default=None, repr=False, compare=False)
+
+    @property
+    def path(self) -> Path | None:
+        """model.onnx in `directory`, where the weights are external data."""
+        return None if self.directory is None else self.directory / ONNX_FILE
+
+    def session_model(self) -> bytes | str:
+        """What ONNX Runtime's InferenceSession and OpenVINO's read_model take: the bytes, or
+        the path where the weights are external data (resolved beside it)."""
+        return self.model_bytes if self.directory is None else str(self.path)
 
 
 def export_onnx(target: Target) -> OnnxExport:
@@ -47,27 +99,118 @@ def export_onnx(target: Target) -> OnnxExport:
     return target.shared("onnx", lambda: _convert(target))
 
 
-def write_onnx(directory: Path, model_bytes: bytes, exported: OnnxExport) -> dict:
-    """Save an ONNX-based candidate's model (the export, or its int8 form) as model.onnx;
+def write_onnx(directory: Path, model: bytes | OnnxExport, exported: OnnxExport) -> dict:
+    """Save an ONNX-based candidate's model (the export, or its int8 form: its bytes, or an
+    OnnxExport) as model.onnx, and model.onnx.data where its weights are external data;
     return the settings `read_onnx` needs."""
-    (directory / ONNX_FILE).write_bytes(model_bytes)
+    settings = {"file": ONNX_FILE}
+    if isinstance(model, OnnxExport) and model.directory is not None:
+        (directory / ONNX_FILE).write_bytes(model.model_bytes)
+        _link_or_copy(model.directory / DATA_FILE, directory / DATA_FILE)
+        settings["data_file"] = DATA_FILE
+    else:
+        model_bytes = model.model_bytes if isinstance(model, OnnxExport) else model
+        (directory / ONNX_FILE).write_bytes(model_bytes)
     return {
-        "file": ONNX_FILE,
+        **settings,
         "input_names": list(exported.input_names),
         "output_names": list(exported.output_names),
         "opset": exported.opset,
     }
 
 
+def _link_or_copy(source: Path, destination: Path) -> None:
+    """A hard link where both are on one file system (a 2 GB file costs nothing), else a copy."""
+    try:
+        os.link(source, destination)
+    except OSError:
+        shutil.copyfile(source, destination)
+
+
 def read_onnx(directory: Path, settings: dict) -> OnnxExport:
-    """The export back from a saved model.onnx, to preload as the "onnx" shared conversion."""
+    """The export back from a saved model.onnx (and its model.onnx.data), to preload as the
+    "onnx" shared conversion."""
+    external = settings.get("data_file") is not None
     return OnnxExport(
         model_bytes=(directory / settings["file"]).read_bytes(),
         input_names=list(settings["input_names"]),
         output_names=list(settings["output_names"]),
         seconds=0.0,
         opset=settings["opset"],
+        directory=Path(directory) if external else None,
     )
+
+
+def external_export(
+    model_proto: Any, like: OnnxExport, directory: Path | None = None
+) -> OnnxExport:
+    """`model_proto` written as model.onnx and model.onnx.data in `directory` (a new
+    temporary directory where None), every tensor of more than 1 KB still in it moved into
+    the data file (after what the file holds already). Names and opset as `like`'s."""
+    directory = directory or temporary_directory()
+    try:
+        write_external_data(model_proto, directory / DATA_FILE)
+        (directory / ONNX_FILE).write_bytes(model_proto.SerializeToString())
+    except BaseException:
+        shutil.rmtree(directory, ignore_errors=True)
+        raise
+    return owned_export(directory, like)
+
+
+def temporary_directory() -> Path:
+    """A new directory for an export with external data (see `owned_export`)."""
+    return Path(tempfile.mkdtemp(prefix="infertune-onnx-"))
+
+
+def owned_export(directory: Path, like: OnnxExport) -> OnnxExport:
+    """The model.onnx and model.onnx.data in `directory` (a `temporary_directory()`) as an
+    export, names and opset as `like`'s; the directory is removed once the export is
+    collected (the backends that run it hold it)."""
+    exported = OnnxExport(
+        model_bytes=(directory / ONNX_FILE).read_bytes(),
+        input_names=list(like.input_names),
+        output_names=list(like.output_names),
+        seconds=like.seconds,
+        opset=like.opset,
+        parallel_width=like.parallel_width,
+        directory=directory,
+    )
+    cleanup = weakref.finalize(exported, shutil.rmtree, str(directory), True)
+    object.__setattr__(exported, "_cleanup", cleanup)
+    return exported
+
+
+def write_external_data(model_proto: Any, data_path: Path, min_bytes: int = 1024) -> None:
+    """Move the bytes of every tensor of more than `min_bytes` into one file at aligned
+    offsets, pointing the tensors at it (location, offset, length), as onnx's
+    convert_model_to_external_data does, with offsets a runtime can map."""
+    from onnx.external_data_helper import _get_all_tensors
+
+    with open(data_path, "ab") as data:
+        for tensor in _get_all_tensors(model_proto):
+            _to_file(tensor, data, min_bytes)
+
+
+def _to_file(tensor: Any, data: Any, min_bytes: int = 1024) -> None:
+    """A TensorProto's bytes appended to the open data file at an aligned offset, the
+    tensor pointing at them; nothing for a tensor of `min_bytes` or less."""
+    if not tensor.HasField("raw_data") or len(tensor.raw_data) <= min_bytes:
+        return
+    content = tensor.raw_data
+    end = data.seek(0, os.SEEK_END)
+    offset = end + (-end % _ALIGN)
+    data.write(b"\0" * (offset - end))
+    data.write(content)
+    tensor.ClearField("raw_data")
+    tensor.data_location = tensor.EXTERNAL
+    del tensor.external_data[:]
+    for key, value in (
+        ("location", DATA_FILE),
+        ("offset", str(offset)),
+        ("length", str(len(content))),
+    ):
+        entry = tensor.external_data.add()
+        entry.key, entry.value = key, value
 
 
 def _convert(target: Target) -> OnnxExport:
@@ -75,7 +218,30 @@ def _convert(target: Target) -> OnnxExport:
     specs = tensor_specs(target.signature)
     _, concrete = target.traced()
     rewritten: list[str] = []  # notes of the exact rewrites made (rewrites.py)
-    model_proto = _to_onnx(concrete, specs, rewritten)
+    weights = target.weights_bytes()
+    large = weights > external_data_bytes()
+    # Past 256 MB, the lean path of models past 2 GB (no grappler, which copied a
+    # BERT-base-sized GraphDef into 5.5 GB more; constants to the data file before the
+    # ModelProto is made); below 2 GB, where it fails, grappler's path as before.
+    lean = large or weights > EXTERNAL_DATA_MIN_BYTES
+    directory = temporary_directory() if lean else None
+    try:
+        model_proto = _to_onnx(
+            concrete, specs, rewritten, lean, directory and directory / DATA_FILE
+        )
+    except Exception as exc:
+        if directory is not None:
+            shutil.rmtree(directory, ignore_errors=True)
+        if large or not lean:
+            raise
+        logging.getLogger("tf2onnx").debug("lean export failed, with grappler now: %s", exc)
+        directory = None
+        rewritten.clear()
+        model_proto = _to_onnx(concrete, specs, rewritten)
+    except BaseException:
+        if directory is not None:
+            shutil.rmtree(directory, ignore_errors=True)
+        raise
     input_names = [node.name for node in model_proto.graph.input]
     output_names = [node.name for node in model_proto.graph.output]
     expected_inputs = [spec.name for spec in specs]
@@ -95,13 +261,19 @@ def _convert(target: Target) -> OnnxExport:
             f"ONNX graph has {len(output_names)} outputs, the model {len(target.output_dtypes)}"
         )
     target.notes.extend(rewritten)
+    width = parallel_width(model_proto.graph)
+    if lean:
+        like = OnnxExport(b"", input_names, output_names, 0.0, OPSET, width)
+        exported = external_export(model_proto, like, directory)
+        object.__setattr__(exported, "seconds", time.perf_counter() - start)
+        return exported
     return OnnxExport(
         model_bytes=model_proto.SerializeToString(),
         input_names=input_names,
         output_names=output_names,
         seconds=time.perf_counter() - start,
         opset=OPSET,
-        parallel_width=parallel_width(model_proto.graph),
+        parallel_width=width,
     )
 
 
@@ -130,10 +302,21 @@ def parallel_width(graph: Any) -> int:
     return max(counts.values(), default=0)
 
 
-def _to_onnx(concrete: Any, specs: list, rewritten: list[str] | None = None) -> Any:
-    """The traced function as an ONNX ModelProto whose only inputs are the function's arguments;
-    the ops tf2onnx rejects that have an exact equivalent are rewritten first (rewrites.py),
-    each rewrite's note added to `rewritten`.
+def _to_onnx(
+    concrete: Any,
+    specs: list,
+    rewritten: list[str] | None = None,
+    large: bool = False,
+    data_path: Path | None = None,
+) -> Any:
+    """The traced function as an ONNX ModelProto whose only inputs are the function's
+    arguments; the ops tf2onnx rejects that have an exact equivalent are rewritten first
+    (rewrites.py), each rewrite's note added to `rewritten`. `large` (past 2 GB, see the
+    module's docstring): frozen without grappler, the constants' bytes taken out of the
+    GraphDef before TensorFlow imports it (tf2onnx reads them from there), and each constant
+    of tf2onnx's graph written to `data_path` before the ModelProto is made. On a
+    BERT-base-sized model the export's peak went from 12x the weights (grappler copies the
+    GraphDef several times) to 6x.
 
     tf2onnx's `convert.from_function` is not used: it takes every placeholder of the traced
     function as a graph input, and a Keras 3 layer that keeps constants as plain tensors
@@ -152,11 +335,14 @@ def _to_onnx(concrete: Any, specs: list, rewritten: list[str] | None = None) -> 
     input_names = [tensor.name for tensor in concrete.inputs[: len(specs)]]
     output_names = [tensor.name for tensor in concrete.outputs]
     renames = {name: spec.name for name, spec in zip(input_names, specs, strict=True)}
+    const_values = None
     with tf.device("/cpu:0"), _Tf2onnxErrors() as errors:
-        graph_def = _frozen_graph_def(concrete, input_names, output_names)
+        graph_def = _frozen_graph_def(concrete, input_names, output_names, optimize=not large)
         graph_def, notes = rewrite_for_onnx(graph_def)
         if rewritten is not None:
             rewritten.extend(notes)
+        if large:  # the constants' bytes out of the GraphDef before its import
+            graph_def, const_values = _compressed(graph_def, output_names)
 
         def onnx_graph() -> Any:
             with tf.Graph().as_default() as tf_graph:
@@ -168,17 +354,31 @@ def _to_onnx(concrete: Any, specs: list, rewritten: list[str] | None = None) -> 
                     input_names=input_names,
                     output_names=output_names,
                     tensors_to_rename=renames,
+                    const_node_values=const_values,
                 )
 
         graph = _optimized(onnx_graph)
+        graph_def = const_values = None  # the tf2onnx graph holds what it needs of them
+    if data_path is not None:
+        with open(data_path, "ab") as data:
+            for node in graph.get_nodes():
+                if node.is_const():
+                    _to_file(node.get_attr("value").t, data)
+    # Not tf2onnx's ExternalTensorStorage: it calls numpy's np.product, gone in numpy 2. The
+    # ModelProto holds the weights in memory (only serializing stops at 2 GB); past 2 GB,
+    # external_export moves them into model.onnx.data tensor by tensor.
     model_proto = graph.make_model(f"converted from {concrete.name}")
+    del graph
     _raise_on_unconverted(model_proto, errors.failed_nodes)
     return model_proto
 
 
-def _frozen_graph_def(concrete: Any, input_names: list[str], output_names: list[str]) -> Any:
+def _frozen_graph_def(
+    concrete: Any, input_names: list[str], output_names: list[str], optimize: bool = True
+) -> Any:
     """The traced graph with every variable and captured tensor as a constant, optimized by
-    grappler as tf2onnx does.
+    grappler as tf2onnx does (`optimize`; not past 2 GB: grappler serializes the GraphDef,
+    and tf2onnx's large_model skips it too).
 
     tf2onnx's `convert_variables_to_constants_large_model` freezes without building a new
     ConcreteFunction from the frozen graph: TensorFlow's `convert_variables_to_constants_v2`,
@@ -194,8 +394,56 @@ def _frozen_graph_def(concrete: Any, input_names: list[str], output_names: list[
     graph_def = tf_loader.fix_freezing_errors(graph_def)
     graph_def = tf_loader.fix_freezing_errors_part2(graph_def)
     _allow_inlining(graph_def)
+    if not optimize:
+        return graph_def
     with tf.Graph().as_default():  # grappler exports a meta graph: not in eager mode
         return tf_loader.tf_optimize(input_names, output_names, graph_def)
+
+
+def _compressed(graph_def: Any, output_names: list[str]) -> tuple[Any, dict[str, bytes]]:
+    """tf2onnx's `compress_graph_def` on a copy: a GraphDef whose constants of more than 1000
+    bytes are empty, and their bytes by node name. Clearing them in place (as tf2onnx does)
+    frees nothing while the message lives (protobuf's arena keeps them), so the copy is made
+    node by node and the original goes. The Identity each frozen variable read leaves on its
+    constant is dropped (its consumers read the constant): tf2onnx folds such an Identity
+    through TensorFlow, which made a second copy of every weight."""
+    from tf2onnx.tf_utils import compress_graph_def
+
+    values: dict[str, bytes] = {}
+    big = {
+        node.name
+        for node in graph_def.node
+        if node.op == "Const" and len(node.attr["value"].tensor.tensor_content) > 1000
+    }
+    outputs = {name.split(":")[0] for name in output_names}
+    reads = {  # Identity node -> the constant it reads
+        node.name: node.input[0]
+        for node in graph_def.node
+        if node.op == "Identity"
+        and len(node.input) == 1
+        and node.input[0] in big
+        and node.name not in outputs
+    }
+    small = type(graph_def)()
+    small.versions.CopyFrom(graph_def.versions)
+    small.library.CopyFrom(graph_def.library)
+    for node in graph_def.node:
+        if node.name in reads:
+            continue
+        copy = small.node.add()
+        if node.name in big:
+            tensor = node.attr["value"].tensor
+            values[node.name] = tensor.tensor_content
+            tensor.ClearField("tensor_content")
+        copy.CopyFrom(node)
+        for i, name in enumerate(copy.input):
+            control = name.startswith("^")
+            source, _, port = name.lstrip("^").partition(":")
+            if source in reads and port in ("", "0"):
+                copy.input[i] = ("^" if control else "") + reads[source]
+    del graph_def
+    values.update(compress_graph_def(small))  # whatever this missed (none expected)
+    return small, values
 
 
 # Marks that keep grappler from inlining a function call: a tf.function compiled by XLA

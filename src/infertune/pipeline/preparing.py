@@ -37,7 +37,8 @@ from ..machine import MachineRecord
 from ..options import Options
 from ..progress import Progress
 from ..report import CandidateResult
-from ..settings import tf_worker_mode
+from ..resources import available_bytes
+from ..settings import memory_limit_bytes, tf_worker_mode
 from ..target import Target
 from ..verify import Comparison, compare_outputs
 from .isolation import (
@@ -117,6 +118,7 @@ class _Candidate:
     future: Future | None = None  # what the background thread does for it
     seconds: dict[str, float] = field(default_factory=dict)  # its own, by stage
     estimate: tuple[float, str] | None = None
+    holds_memory: bool = False  # admitted by memory: it counts against those after it
 
 
 @dataclass
@@ -135,6 +137,7 @@ class _Run:
     call_estimates: dict[str, float] = field(default_factory=dict)  # s per call, sample batch
     estimates: dict[str, float] = field(default_factory=dict)  # planned seconds, by name
     started: int = 0  # candidates started besides the reference
+    memory_budget: int | None = None  # bytes the candidates may hold in all (None: unknown)
 
 
 def prepare_all(
@@ -154,6 +157,7 @@ def prepare_all(
     candidates by name, their seconds per call on the sample seen in verification (for the
     measurement's warm-up), and the names in the order they were tried."""
     run = _Run(target, checks, options, progress, isolation, budget, probe, record)
+    run.memory_budget = _memory_budget()
     states = []
     for backend in candidates:
         result = CandidateResult(name=backend.name, status="ok", precision=backend.precision)
@@ -193,6 +197,8 @@ def prepare_all(
         _offload(others, run)
         for state in others:
             if not _admitted(state, options) or not _fits(state, run, pending):
+                continue
+            if not _fits_memory(state, run, states):
                 continue
             tried.append(state.backend.name)
             run.started += 1
@@ -264,6 +270,8 @@ def _offload(others: list[_Candidate], run: _Run) -> None:
             continue
         stage = shared_stage(key)
         busy = _free_core() if mode == "auto" else None
+        if busy is None:
+            busy = _no_memory_for_worker(key, run)
         if busy is not None:
             run.target.notes.append(f"the {stage} was made here, not in a worker process: {busy}")
             continue
@@ -275,6 +283,31 @@ def _offload(others: list[_Candidate], run: _Run) -> None:
                 run.target.offload(key, OffloadedConversion(key, run.target))
         except Exception as exc:  # it is made here, as without a worker
             run.target.notes.append(f"no worker process for the {stage}: {one_line(exc)}")
+
+
+# What a worker process holds beside the model's copy and its conversion: TensorFlow itself.
+WORKER_BASE_BYTES = 1 << 30
+
+
+def _no_memory_for_worker(key: str, run: _Run) -> str | None:
+    """None where the memory left holds a worker (a second copy of the model and its
+    conversion) while this process makes the ONNX export, else why not."""
+    budget = run.memory_budget
+    if budget is None:
+        return None
+    try:
+        weights = run.target.weights_bytes()
+    except Exception:  # the trace fails: the conversions will say why
+        return None
+    factor = 1.0 + CONVERSION_MEMORY.get(key, 1.0) + CONVERSION_MEMORY["onnx"]
+    need = factor * weights + WORKER_BASE_BYTES
+    if need <= budget:
+        return None
+    return (
+        f"it would need about {need / 1e9:.1f} GB beside this process's ONNX export "
+        f"(a second copy of the weights' {weights / 1e9:.2f} GB and its conversion); "
+        f"{budget / 1e9:.1f} GB were free"
+    )
 
 
 # -- admission and the budget -------------------------------------------------------------
@@ -342,6 +375,71 @@ def _fits(state: _Candidate, run: _Run, pending: list[_Candidate]) -> bool:
         f"the margin for estimates{unstoppable}); {max(0.0, left):.1f} s of time_budget_s="
         f"{budget.time_budget_s:g} were left for it (the measurement and the diagnosis keep "
         f"{after:.1f} s)",
+    )
+
+
+# Transient copies of the weights a shared conversion makes while it runs, beyond the model:
+# the frozen GraphDef, tf2onnx's graph, the ModelProto and its bytes; the converter's MLIR
+# module and its flatbuffer.
+# (measured peaks above the model, BERT-base-sized: ONNX export 4.1x, TFLite conversion 3.3x)
+CONVERSION_MEMORY = {"onnx": 4.0, "onnx-int8": 1.0, "tflite": 3.5, "tflite-fixed": 3.5}
+# What the rest of optimize() needs beside the candidates: verification and measurement
+# inputs and outputs, the runtimes' own code and arenas.
+MEMORY_RESERVE = 1 << 30
+
+
+def _memory_budget() -> int | None:
+    """Bytes the candidates may hold in all: what the machine has free now (Linux's
+    MemAvailable; at most INFERTUNE_MEMORY_BYTES), less MEMORY_RESERVE; None where neither
+    is known."""
+    free = available_bytes()
+    limit = memory_limit_bytes()  # INFERTUNE_MEMORY_BYTES
+    if limit is not None:
+        free = limit if free is None else min(free, limit)
+    return None if free is None else max(0, free - MEMORY_RESERVE)
+
+
+def _fits_memory(state: _Candidate, run: _Run, states: list[_Candidate]) -> bool:
+    """Whether the candidate, its conversions not built yet, and its rehearsal (the child
+    holds it once more while this process holds the others) fit in the memory left once the
+    candidates admitted before it hold theirs; if not, it is `skipped` with the estimate,
+    never left to be killed for memory. Estimates are the weights times each runtime's
+    `memory_factor` and each conversion's CONVERSION_MEMORY (measured on a BERT-base-sized
+    model)."""
+    budget, target = run.memory_budget, run.target
+    if budget is None or target.source is None:
+        return True
+    try:
+        weights = target.weights_bytes()
+    except Exception:  # the trace fails: the candidate's own stages will say why
+        return True
+    backend = state.backend
+    held = sum(
+        s.backend.memory_factor * weights
+        for s in states
+        if s is not state and s.result.status == "ok" and s.holds_memory
+    )
+    own = backend.memory_factor * weights
+    conversions = [k for k in backend.conversions if k not in target.built()]
+    transient = max(
+        [sum(CONVERSION_MEMORY.get(k, 1.0) for k in conversions) * weights]
+        + ([own] if run.isolation.rehearses(backend) else [])
+    )
+    if held + own + transient <= budget:
+        state.holds_memory = True  # from here on its memory counts for those after it
+        return True
+    parts = [f"{backend.memory_factor:g}x the weights' {weights / 1e9:.2f} GB for its runtime"]
+    if conversions:
+        parts.append(f"{transient / weights:g}x while the {', '.join(conversions)} conversion runs")
+    elif transient:
+        parts.append("once more while it is rehearsed in the child process")
+    left = max(0.0, budget - held)
+    return _skip(
+        state,
+        run,
+        f"needs about {(own + transient) / 1e9:.1f} GB of memory ({'; '.join(parts)}); "
+        f"{left / 1e9:.1f} GB of the {budget / 1e9:.1f} GB free when tuning began are left "
+        f"for it (the candidates before it hold the rest)",
     )
 
 

@@ -23,7 +23,8 @@ from ..machine import MachineRecord
 from ..models import ModelSource, load_model
 from ..options import Options
 from ..progress import Progress
-from ..report import CandidateResult, Diagnosis, Report
+from ..report import CandidateResult, Diagnosis, Report, memory_line
+from ..resources import MemoryPeak
 from ..result.choice import Choice
 from ..splitting import Split, find_split
 from ..stages import StageTimes
@@ -107,7 +108,21 @@ def _runs_in_tensorflow(backend: Backend) -> bool:
 
 
 def tune(model: Model, options: Options, progress: Progress) -> tuple[Choice, Report]:
-    """Every stage of optimize() after the model is loaded: the choice and its report."""
+    """Every stage of optimize() after the model is loaded: the choice and its report, with
+    the peak memory of this process and its children while it ran."""
+    memory = MemoryPeak().start()
+    try:
+        choice, report = _tune(model, options, progress, memory)
+    finally:
+        memory.stop()
+    if report.memory is not None:
+        report.memory["peak_bytes"] = memory.peak
+    return choice, report
+
+
+def _tune(
+    model: Model, options: Options, progress: Progress, memory: MemoryPeak
+) -> tuple[Choice, Report]:
     source, signature, sample = model.source, model.signature, model.sample
     times = progress.times
     batch_sizes = tuned_batch_sizes(options.batch_sizes, signature)
@@ -197,6 +212,14 @@ def tune(model: Model, options: Options, progress: Progress) -> tuple[Choice, Re
         + _concurrency_notes(options, under_load)
     )
     report = _report(model, options, results, environment, selection, notes, diagnosis, times)
+    if memory.before is not None:
+        memory.sample()
+        report.memory = {
+            "before_bytes": memory.before,
+            "peak_bytes": memory.peak,
+            "weights_bytes": target.weights_measured,
+        }
+        progress.say(memory_line(report.memory))
     progress.say(f"selected {serving}: {report.selection_reason}")
     if choice.exact_shape:
         progress.say(f"every other shape: {choice.general.name}: {selection.general_reason}")

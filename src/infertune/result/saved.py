@@ -391,7 +391,7 @@ def _check_choice(path: Path, manifest: dict) -> None:
 
 def _check_setting_paths(path: Path, manifest: dict) -> None:
     """The directories the entries name, and the files their settings name ("file",
-    "fixed_file", "dir"), are among the hashed files."""
+    "fixed_file", "data_file", "dir"), are among the hashed files."""
     files = manifest["files"]
     for entry in manifest["backends"]:
         prefix = ""
@@ -400,7 +400,7 @@ def _check_setting_paths(path: Path, manifest: dict) -> None:
             if not isinstance(where, str) or ".." in Path(where).parts:
                 raise ArtifactError(f"{MANIFEST} in '{path}' names a bad directory: {where!r}.")
             prefix = f"{where}/"
-        for key in ("file", "fixed_file", "dir"):
+        for key in ("file", "fixed_file", "data_file", "dir"):
             value = entry["settings"].get(key)
             if value is None:
                 continue

@@ -1,0 +1,416 @@
+"""Large models: optimize() on models of hundreds of MB to past 2 GB of weights.
+
+python benchmarks/large.py [--models bert,recommender,dense] [--quick] [--no-by-hand]
+                           [--max-gb GB] [--json FILE]
+
+Each model is built with random weights in a child process of its own (one at a time: the
+2 GB models need the machine's memory to themselves):
+
+- bert: a BERT-base-sized encoder (vocabulary 30522, 12 layers of width 768, 12 heads, 3072
+  wide feed-forward: 110 M parameters, 0.44 GB), a dict of token ids, segment ids and padding
+  mask, sequence 128, batch 1;
+- recommender: an embedding table of 600,000 x 1024 (2.46 GB) looked up by 8 item ids, mean
+  pooled, then two Dense layers; batch 1;
+- dense: an MLP of nine 8192 x 8192 Dense layers (604 M parameters, 2.4 GB); batch 1.
+
+In the child: the resident memory of the process and of its children (the rehearsal child,
+a worker process) summed, sampled every 0.5 s from /proc while optimize() runs; the peak
+against what the process held before (with the model built) and against the weights;
+optimize()'s time by stage; every candidate's fate; then the result timed against
+`tf.function` and against ONNX Runtime by hand (tf2onnx's `from_function`, with
+`large_model=True` and its external data past 2 GB) in one interleaved run. `--quick` builds
+small models of the same shapes (a smoke test of the script, seconds each). `--max-gb`
+kills a model's child whose memory passes it (on a machine shared with other work; set
+INFERTUNE_MEMORY_BYTES too, so that optimize() skips what would not fit).
+
+Prints one markdown table (for docs/benchmarks.md) with the machine's memory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+MODELS = ("bert", "recommender", "dense")
+
+
+# -- memory of a process tree, from /proc ---------------------------------------------------
+def _rss_kb(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            for line in status:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return found
+    for task in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{task}/children") as children:
+                found += [int(c) for c in children.read().split()]
+        except OSError:
+            pass
+    return found
+
+
+def tree_rss_gb(pid: int | None = None) -> float:
+    """Resident memory of a process and all its descendants, in GB (1e9 bytes)."""
+    pending, total = [pid or os.getpid()], 0
+    while pending:
+        current = pending.pop()
+        total += _rss_kb(current)
+        pending += _children(current)
+    return total * 1024 / 1e9
+
+
+class Sampler:
+    """The peak of tree_rss_gb(), sampled every `every_s` seconds in a thread."""
+
+    def __init__(self, every_s: float = 0.5):
+        self.every_s, self.peak, self.samples = every_s, 0.0, 0
+        self.series: list[tuple[float, float]] = []  # (seconds since start, GB)
+        self._start = time.perf_counter()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            rss = tree_rss_gb()
+            self.peak = max(self.peak, rss)
+            self.series.append((round(time.perf_counter() - self._start, 1), round(rss, 2)))
+            self.samples += 1
+            self._stop.wait(self.every_s)
+
+    def __enter__(self) -> Sampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, tree_rss_gb())
+
+
+# -- the models -----------------------------------------------------------------------------
+def _positions_layer():
+    import keras
+
+    class Positions(keras.layers.Layer):
+        """Adds a learned position embedding over a free sequence length."""
+
+        def __init__(self, length, width, **kwargs):
+            super().__init__(**kwargs)
+            self.table = self.add_weight(shape=(length, width), name="positions")
+
+        def call(self, x):
+            length = keras.ops.shape(x)[1]
+            return x + keras.ops.slice(self.table, [0, 0], [length, self.table.shape[1]])
+
+    return Positions
+
+
+def build(name: str, quick: bool):
+    import keras
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    if name == "bert":
+        _Positions = _positions_layer()
+        vocab, width, layers, heads, ffn, seq = (
+            (1000, 64, 2, 4, 128, 16) if quick else (30522, 768, 12, 12, 3072, 128)
+        )
+        ids = keras.Input((None,), dtype="int32", name="token_ids")
+        segments = keras.Input((None,), dtype="int32", name="segment_ids")
+        mask = keras.Input((None,), dtype="int32", name="padding_mask")
+        x = keras.layers.Embedding(vocab, width)(ids) + keras.layers.Embedding(2, width)(segments)
+        x = keras.layers.LayerNormalization()(_Positions(512, width)(x))
+        attention_mask = keras.ops.cast(keras.ops.expand_dims(mask, 1), "bool")
+        for _ in range(layers):
+            attended = keras.layers.MultiHeadAttention(heads, width // heads)(
+                x, x, attention_mask=attention_mask
+            )
+            x = keras.layers.LayerNormalization()(x + attended)
+            hidden = keras.layers.Dense(ffn, activation="gelu")(x)
+            x = keras.layers.LayerNormalization()(x + keras.layers.Dense(width)(hidden))
+        model = keras.Model({"token_ids": ids, "segment_ids": segments, "padding_mask": mask}, x)
+        sample = {
+            "token_ids": rng.integers(0, vocab, (1, seq)).astype("int32"),
+            "segment_ids": rng.integers(0, 2, (1, seq)).astype("int32"),
+            "padding_mask": np.ones((1, seq), "int32"),
+        }
+    elif name == "recommender":
+        rows, width = (1000, 16) if quick else (600_000, 1024)
+        items = keras.Input((8,), dtype="int32", name="item_ids")
+        # Zeros first, then random rows 50,000 at a time: Keras' own random initializer held
+        # two more copies of the 2.46 GB table (8.6 GB before optimize() began).
+        table = keras.layers.Embedding(rows, width, embeddings_initializer="zeros")
+        x = table(items)
+        x = keras.ops.mean(x, axis=1)
+        x = keras.layers.Dense(256, activation="relu")(x)
+        model = keras.Model(items, keras.layers.Dense(1)(x))
+        variable = table.embeddings.value
+        for start in range(0, rows, 50_000):
+            chunk = rng.uniform(-0.05, 0.05, (min(50_000, rows - start), width))
+            variable[start : start + len(chunk)].assign(chunk.astype("float32"))
+        sample = rng.integers(0, rows, (1, 8)).astype("int32")
+    elif name == "dense":
+        width, layers = (64, 3) if quick else (8192, 9)
+        inputs = keras.Input((width,))
+        x = inputs
+        for i in range(layers):
+            x = keras.layers.Dense(width, activation="relu" if i < layers - 1 else None)(x)
+        model = keras.Model(inputs, x)
+        sample = rng.random((1, width), dtype=np.float32)
+    else:
+        raise ValueError(f"unknown model {name!r}; known: {MODELS}")
+    weights = sum(int(np.prod(w.shape)) * 4 for w in model.weights)
+    return model, sample, weights
+
+
+# -- the child ------------------------------------------------------------------------------
+def _median_ms(fn, inputs, seconds: float) -> list[float]:
+    times, end = [], time.perf_counter() + seconds
+    while time.perf_counter() < end or not times:
+        start = time.perf_counter()
+        fn(inputs)
+        times.append(1e3 * (time.perf_counter() - start))
+    return times
+
+
+def _by_hand_ort(model, sample, directory: Path, large: bool):
+    """ONNX Runtime as a user writes it: tf2onnx's from_function, external data past 2 GB."""
+    import onnxruntime
+    import tensorflow as tf
+    import tf2onnx
+
+    if isinstance(sample, dict):
+        names = list(sample)
+        signature = [tf.TensorSpec((None, *sample[n].shape[1:]), sample[n].dtype, name=n)
+                     for n in names]  # fmt: skip
+
+        def call(*args):
+            return model(dict(zip(names, args)))
+    else:
+        names = ["x"]
+        signature = [tf.TensorSpec((None, *sample.shape[1:]), sample.dtype, name="x")]
+
+        def call(x):
+            return model(x)
+
+    start = time.perf_counter()
+    path = directory / ("by_hand.zip" if large else "by_hand.onnx")
+    tf2onnx.convert.from_function(
+        tf.function(call), input_signature=signature, opset=17, large_model=large,
+        output_path=str(path),
+    )  # fmt: skip
+    if large:  # the zip holds __MODEL_PROTO.onnx and the tensors beside it
+        import zipfile
+
+        unpacked = directory / "by_hand"
+        with zipfile.ZipFile(path) as archive:
+            archive.extractall(unpacked)
+        path = unpacked / "__MODEL_PROTO.onnx"
+    export_s = time.perf_counter() - start
+    session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    input_names = [i.name for i in session.get_inputs()]
+    feeds = sample if isinstance(sample, dict) else {"x": sample}
+    ordered = [feeds[n] for n in names]
+
+    def run(_):
+        return session.run(None, dict(zip(input_names, ordered)))
+
+    return run, export_s
+
+
+def child(name: str, quick: bool, by_hand: bool, out: Path) -> None:
+    import numpy as np
+    import tensorflow as tf
+
+    import infertune
+    from infertune.resources import release_freed_memory
+
+    model, sample, weights = build(name, quick)
+    model(sample)  # built and called once, as a user's model is
+    release_freed_memory()
+    before = tree_rss_gb()
+    start = time.perf_counter()
+    with Sampler() as sampler:
+        opt = infertune.optimize(model, sample, verbose=True)
+    total_s = time.perf_counter() - start
+    after = tree_rss_gb()
+    report = opt.report
+    row = {
+        "model": name,
+        "quick": quick,
+        "weights_gb": weights / 1e9,
+        "rss_before_gb": before,
+        "peak_gb": sampler.peak,
+        "peak_over_weights": (sampler.peak - before) / (weights / 1e9),
+        "rss_after_gb": after,
+        "optimize_s": total_s,
+        "stages": report.stages.to_dict() if report.stages else None,
+        "report_peak_gb": getattr(report, "peak_rss_gb", None),
+        "selected": opt.backend,
+        "series": sampler.series,
+        "candidates": [
+            {
+                "name": c.name,
+                "status": c.status,
+                "reason": c.reason,
+                "prepare_s": c.prepare_s,
+                "p50": c.latency.p50 if getattr(c, "latency", None) else None,
+            }
+            for c in report.candidates
+        ],  # fmt: skip
+    }
+    out.write_text(json.dumps(row, indent=2, default=str))  # what is known so far
+
+    # The result against tf.function and ONNX Runtime by hand, interleaved.
+    if isinstance(sample, dict):
+        names = list(sample)
+        specs = [tf.TensorSpec((None, *sample[n].shape[1:]), sample[n].dtype) for n in names]
+        function = tf.function(lambda *a: model(dict(zip(names, a))), input_signature=specs)
+        args = [tf.constant(sample[n]) for n in names]
+    else:
+        specs = [tf.TensorSpec((None, *sample.shape[1:]), sample.dtype)]
+        function = tf.function(lambda x: model(x), input_signature=specs)
+        args = [tf.constant(sample)]
+    runners = {
+        "infertune": lambda _: opt(sample),
+        "tf.function": lambda _: function(*args).numpy(),
+    }
+    if by_hand:
+        with tempfile.TemporaryDirectory(prefix="large-bench-") as tmp:
+            large = weights > 1.8e9
+            try:
+                runners["ort by hand"], row["by_hand_export_s"] = _by_hand_ort(
+                    model, sample, Path(tmp), large
+                )
+            except Exception as exc:  # said in the table
+                row["by_hand_error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+            row["timed_ms"] = _interleaved(runners)
+    else:
+        row["timed_ms"] = _interleaved(runners)
+    out.write_text(json.dumps(row, indent=2, default=str))
+    del np
+
+
+def _interleaved(runners: dict, rounds: int = 7, block_s: float = 0.3) -> dict:
+    for run in runners.values():
+        run(None)  # first calls apart
+    times: dict[str, list[float]] = {name: [] for name in runners}
+    order = list(runners)
+    for round_ in range(rounds):
+        for name in order[round_ % len(order) :] + order[: round_ % len(order)]:
+            runners[name](None)  # untimed: the switch from the last runner
+            times[name] += _median_ms(runners[name], None, block_s)
+            time.sleep(0.06)  # ONNX Runtime's threads spin about 40 ms after a call
+    import statistics
+
+    return {name: statistics.median(values) for name, values in times.items()}
+
+
+# -- the parent -----------------------------------------------------------------------------
+def _memory_gb() -> float:
+    with open("/proc/meminfo") as meminfo:
+        for line in meminfo:
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) * 1024 / 2**30
+    return float("nan")
+
+
+def table(rows: list[dict]) -> str:
+    lines = [
+        f"Machine: {os.cpu_count()} cores, {_memory_gb():.0f} GiB of memory. Peak: resident "
+        f"memory of the process and its children, sampled every 0.5 s.",
+        "",
+        "| model | weights | before | peak | peak - before | x weights | optimize() | selected "
+        "| ms: infertune | tf.function | ORT by hand | by-hand export |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['model']} | failed: {r['error']} |")
+            continue
+        t = r.get("timed_ms", {})
+
+        def ms(key, t=t):
+            return f"{t[key]:.3g}" if key in t else "-"
+
+        lines.append(
+            f"| {r['model']} | {r['weights_gb']:.2f} GB | {r['rss_before_gb']:.2f} GB | "
+            f"{r['peak_gb']:.2f} GB | {r['peak_gb'] - r['rss_before_gb']:.2f} GB | "
+            f"{r['peak_over_weights']:.1f}x | {r['optimize_s']:.0f} s | {r['selected']} | "
+            f"{ms('infertune')} | {ms('tf.function')} | {ms('ort by hand')} | "
+            f"{r.get('by_hand_export_s', float('nan')):.0f} s |"
+        )
+    for r in rows:
+        lines += ["", f"{r['model']}: candidates"]
+        for c in r.get("candidates", []):
+            reason = f": {c['reason']}" if c["reason"] else ""
+            lines.append(f"- {c['name']}: {c['status']}{reason}"[:300])
+        stages = (r.get("stages") or {}).get("stages")
+        if stages:
+            top = sorted(stages.items(), key=lambda kv: -kv[1])[:8]
+            lines.append("stages: " + ", ".join(f"{k} {v:.1f} s" for k, v in top))
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument("--quick", action="store_true", help="small models of the same shapes")
+    parser.add_argument("--no-by-hand", action="store_true", help="no ONNX Runtime by hand")
+    parser.add_argument("--json", type=Path)
+    parser.add_argument(
+        "--max-gb", type=float, default=0.0, help="kill a model's child past this much memory"
+    )
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        child(args.child, args.quick, not args.no_by_hand, args.out)
+        return
+    rows = []
+    for name in args.models.split(","):
+        with tempfile.TemporaryDirectory(prefix="large-bench-") as tmp:
+            out = Path(tmp) / "row.json"
+            command = [sys.executable, __file__, "--child", name, "--out", str(out)]
+            command += ["--quick"] * args.quick + ["--no-by-hand"] * args.no_by_hand
+            child_process = subprocess.Popen(command)
+            over = None
+            while child_process.poll() is None:
+                rss = tree_rss_gb(child_process.pid)
+                if args.max_gb and rss > args.max_gb:
+                    over = f"killed at {rss:.1f} GB (--max-gb {args.max_gb:g})"
+                    child_process.kill()
+                time.sleep(0.5)
+            row = json.loads(out.read_text()) if out.exists() else {"model": name}
+            if child_process.returncode != 0:
+                row.setdefault("error", over or f"exit status {child_process.returncode}")
+            rows.append(row)
+        print(json.dumps(rows[-1], default=str)[:2000], file=sys.stderr)
+    print(table(rows))
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=2, default=str))
+
+
+if __name__ == "__main__":
+    main()

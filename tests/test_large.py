@@ -1,0 +1,108 @@
+"""Models past 2 GB of weights, proven on small ones: the threshold past which the ONNX
+export keeps its weights as external data and the TFLite conversion takes its large-model
+path (INFERTUNE_EXTERNAL_DATA_BYTES, 1 GiB by default) is lowered under a model of a few KB,
+so that every path a 2 GB model takes runs here in seconds."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from conftest import assert_matches_model, dense_model, target_for
+
+import infertune
+from infertune.export.onnx import DATA_FILE, ONNX_FILE, export_onnx
+
+
+def recommender(seed: int = 0):
+    """A recommender in small: item ids through an embedding table (6.4 KB), float features,
+    two outputs in a dict; each weight of more than 1 KB goes to the data file."""
+    import keras
+
+    keras.utils.set_random_seed(seed)
+    features = keras.Input((4,), name="features")
+    items = keras.Input((5,), name="items", dtype="int32")
+    embedded = keras.layers.Flatten()(keras.layers.Embedding(200, 8)(items))
+    hidden = keras.layers.Dense(32, activation="tanh")(
+        keras.layers.Concatenate()([features, embedded])
+    )
+    return keras.Model(
+        {"features": features, "items": items},
+        {"score": keras.layers.Dense(1)(hidden), "probs": keras.layers.Dense(3)(hidden)},
+    )
+
+
+def recommender_sample(rng, batch: int = 4):
+    return {
+        "features": rng.standard_normal((batch, 4)).astype("float32"),
+        "items": rng.integers(0, 200, (batch, 5)).astype("int32"),
+    }
+
+
+@pytest.fixture
+def large(monkeypatch):
+    """Every model of more than 100 bytes of weights counts as large."""
+    monkeypatch.setenv("INFERTUNE_EXTERNAL_DATA_BYTES", "100")
+
+
+def test_the_export_keeps_weights_as_external_data_in_one_aligned_file(large, rng):
+    exported = export_onnx(target_for(dense_model(64, 3), rng.standard_normal((4, 64))))
+    assert exported.directory is not None
+    files = sorted(p.name for p in exported.directory.iterdir())
+    assert files == [ONNX_FILE, DATA_FILE]
+    graph = onnx.load_from_string(exported.model_bytes).graph  # the graph alone, no weights
+    external = [t for t in graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL]
+    assert external, "no initializer went to the data file"
+    for tensor in external:
+        where = {entry.key: entry.value for entry in tensor.external_data}
+        assert where["location"] == DATA_FILE and int(where["offset"]) % 4096 == 0
+    directory = exported.directory
+    del exported  # the temporary directory goes with the export
+    import gc
+
+    gc.collect()
+    assert not directory.exists()
+
+
+def test_every_candidate_runs_external_data_and_a_saved_result_carries_it(large, rng, tmp_path):
+    model, sample = recommender(), recommender_sample(rng)
+    names = ["onnxruntime-cpu", "openvino-cpu", "litert"]
+    opt = infertune.optimize(model, sample, backends=names, verbose=False)
+    statuses = {c.name: c.status for c in opt.report.candidates}
+    for name in names:
+        assert statuses[name] in ("ok", "selected"), str(opt.report)
+
+    tuned = infertune.optimize(model, sample, backends=["onnxruntime-cpu"], verbose=False)
+    saved = tuned.save(tmp_path / "saved")
+    assert (saved / DATA_FILE).stat().st_size > 6400  # the embedding table at least
+    loaded = infertune.load(saved)
+    assert loaded.backend == "onnxruntime-cpu"
+    fresh = recommender_sample(np.random.default_rng(7), batch=3)
+    outputs = loaded(fresh)
+    expected = model(fresh)
+    for key in expected:
+        assert_matches_model(expected[key], outputs[key])
+
+    tuned.export_triton(tmp_path / "repo", "big")
+    version = tmp_path / "repo" / "big" / "1"
+    assert (version / ONNX_FILE).is_file() and (version / DATA_FILE).is_file()
+
+
+def test_a_candidate_memory_cannot_hold_is_skipped_with_the_estimate(monkeypatch, rng):
+    from infertune.pipeline.preparing import MEMORY_RESERVE
+
+    # The candidates may hold 1 KB in all: nothing that copies the weights fits, while
+    # tf-function (the model's own variables) does.
+    monkeypatch.setenv("INFERTUNE_MEMORY_BYTES", str(MEMORY_RESERVE + 1000))
+    model = dense_model(64, 3)
+    opt = infertune.optimize(
+        model, rng.standard_normal((4, 64)), backends=["tf-function", "onnxruntime-cpu"]
+    )
+    by_name = {c.name: c for c in opt.report.candidates}
+    assert by_name["tf-function"].status in ("ok", "selected")
+    skipped = by_name["onnxruntime-cpu"]
+    assert skipped.status == "skipped"
+    assert "GB of memory" in skipped.reason and "onnx conversion" in skipped.reason
+    memory = opt.report.to_dict()["memory"]
+    assert memory["peak_bytes"] >= memory["before_bytes"] > 0
+    assert "memory: peak" in str(opt.report)
