@@ -45,6 +45,7 @@ def optimize(
     concurrency: int = 1,
     isolation: str = "process",
     candidate_timeout_s: float | None = DEFAULT_CANDIDATE_TIMEOUT_S,
+    reference: str = "eager",
     verbose: bool = True,
 ) -> Optimized:
     """Try every candidate backend that can run here and return the fastest correct one.
@@ -91,6 +92,12 @@ def optimize(
             also has the deadline below. "thread": the deadline only. "off": neither.
         candidate_timeout_s: seconds one candidate may take to convert, compile, run first
             and verify; past it, it is reported `timeout`. None: no limit.
+        reference: what every candidate must reproduce. "eager" (default): the model's own
+            call, `model(x)`. "traced": its traced graph, `tf.function(model)`, which is what
+            `model.predict()` and `model.export()` compute; for a model whose two differ
+            (Keras' Resizing on a uint8 input rounds to uint8 eagerly, not when traced) and
+            whose production call is predict() or an exported model. The report states
+            which was used and how far the other one is from it.
         verbose: progress lines on stderr.
 
     Returns:
@@ -108,6 +115,7 @@ def optimize(
         concurrency=concurrency,
         isolation=isolation,
         candidate_timeout_s=candidate_timeout_s,
+        reference=reference,
     )
     if cache is not None and not isinstance(cache, str | os.PathLike):
         raise OptionError(

@@ -187,6 +187,10 @@ def _tuning_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--candidate-timeout", type=_timeout, default=300.0, metavar="SECONDS",
                         help="seconds one candidate may take to prepare and verify, or 'none' "
                         "(default 300)")  # fmt: skip
+    parser.add_argument("--reference", choices=("eager", "traced"), default="eager",
+                        help="what candidates must reproduce: the model's eager call model(x) "
+                        "(default) or its traced graph, what model.predict() and "
+                        "model.export() compute")  # fmt: skip
     parser.add_argument("--json", metavar="FILE", help="also write the report as JSON")
     parser.add_argument("--save", metavar="DIR",
                         help="save the result (artifact, settings, report, manifest) in a new "
@@ -273,6 +277,7 @@ def _optimize_kwargs(args: argparse.Namespace) -> dict:
         "concurrency": args.concurrency,
         "isolation": args.isolation,
         "candidate_timeout_s": args.candidate_timeout,
+        "reference": args.reference,
     }
 
 

@@ -23,6 +23,7 @@ __all__ = [
     "ISOLATIONS",
     "OBJECTIVES",
     "PRECISIONS",
+    "REFERENCES",
     "REFERENCE_NAMES",
     "Options",
     "known_backends",
@@ -31,6 +32,9 @@ __all__ = [
 OBJECTIVES = ("latency", "throughput")
 PRECISIONS = ("fp32", "fp16", "bf16", "int8")
 ISOLATIONS = ("process", "thread", "off")
+# What candidates are verified against: the model's eager call model(x), or its traced graph
+# (tf.function(model): what model.predict() and model.export() compute).
+REFERENCES = ("eager", "traced")
 DEFAULT_CANDIDATE_TIMEOUT_S = 300.0  # a TensorRT engine build can take minutes
 # The model's own call: always measured, as the reference, whatever `backends` names.
 REFERENCE_NAMES = ("keras-eager", "original")
@@ -59,6 +63,7 @@ class Options:
     concurrency: int = 1  # callers calling the result at once, as a service's threads do
     isolation: str = "process"
     candidate_timeout_s: float | None = DEFAULT_CANDIDATE_TIMEOUT_S
+    reference: str = "eager"
     started: float = field(default_factory=time.perf_counter)  # when the budget started
 
     @classmethod
@@ -76,6 +81,7 @@ class Options:
         concurrency: Any = 1,
         isolation: Any = "process",
         candidate_timeout_s: Any = DEFAULT_CANDIDATE_TIMEOUT_S,
+        reference: Any = "eager",
     ) -> Options:
         """The options as optimize() takes them, checked; OptionError says what is wrong."""
         numbers = isinstance(rtol, int | float) and isinstance(atol, int | float)
@@ -91,6 +97,7 @@ class Options:
                 f"precision must be a subset of {PRECISIONS}. Received: {precision!r}."
             )
         _check_choice("isolation", isolation, ISOLATIONS)
+        _check_choice("reference", reference, REFERENCES)
         _check_positive_or_none("candidate_timeout_s", candidate_timeout_s)
         _check_positive_or_none("latency_budget_ms", latency_budget_ms)
         if latency_budget_ms is not None and objective != "throughput":
@@ -118,6 +125,7 @@ class Options:
             concurrency=int(concurrency),
             isolation=isolation,
             candidate_timeout_s=candidate_timeout_s,
+            reference=reference,
         )
 
     @property
@@ -129,8 +137,9 @@ class Options:
 
     def saved(self) -> dict:
         """The options that decide the tuned result, as JSON (for save() and the cache key);
-        the time budget only decides how long it may take."""
-        return {
+        the time budget only decides how long it may take. `reference` only where it is not
+        the default, so that the keys of results tuned before it existed stay the same."""
+        saved = {
             "rtol": self.rtol,
             "atol": self.atol,
             "objective": self.objective,
@@ -140,6 +149,9 @@ class Options:
             "concurrency": self.concurrency,
             "backends": self.requested,
         }
+        if self.reference != "eager":
+            saved["reference"] = self.reference
+        return saved
 
     @classmethod
     def from_saved(cls, saved: dict) -> Options:
@@ -153,6 +165,7 @@ class Options:
             batch_sizes=saved.get("batch_sizes"),
             latency_budget_ms=saved.get("latency_budget_ms"),
             concurrency=saved.get("concurrency", 1),
+            reference=saved.get("reference", "eager"),
         )
 
     @property

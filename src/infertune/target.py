@@ -65,6 +65,12 @@ class Target:
             self._traced = (function, function.get_concrete_function())
         return self._traced
 
+    def run_traced(self, flat_inputs: list[np.ndarray]) -> list[np.ndarray]:
+        """The traced model's outputs on flat arrays: what the tf-function candidate computes,
+        the reference with optimize(reference="traced")."""
+        function, _ = self.traced()
+        return [tensor.numpy() for tensor in function(*flat_inputs)]
+
     def release_traced(self) -> None:
         self._traced = None
 

@@ -5,6 +5,7 @@ at other sizes of the free dimensions), with the model's outputs on each.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,6 +17,8 @@ from ..measure import time_once
 from ..models import ModelSource
 from ..outputs import OutputSignature
 from ..progress import Progress
+from ..target import Target
+from ..verify import Comparison, compare_outputs
 from .diagnosis import trace_and_count
 from .planning import Probe
 
@@ -23,6 +26,8 @@ __all__ = [
     "FRESH_INPUTS",
     "OTHER_SIZE_STEP",
     "Check",
+    "EagerVsTraced",
+    "compare_traced",
     "output_signature",
     "probe",
     "reference_outputs",
@@ -77,13 +82,20 @@ def verification_inputs(
     reference: list[np.ndarray],
     progress: Progress,
     batch_sizes: list[int] | None = None,
+    call: Callable[[list[np.ndarray]], list[np.ndarray]] | None = None,
 ) -> tuple[list[Check], float]:
     """The sample, fresh random inputs like it, one at each other tuned batch size (one at
     another batch size where none is given and the batch is free), and, where the model has
     free dimensions besides the batch (a sequence length, an image's height and width), one
     at the sample's batch size with each of those dimensions OTHER_SIZE_STEP larger; and the
     model's seconds per call at the sample's shapes, steady (the first call is the sample's).
-    An input the model raises on is left out, said in the progress."""
+    An input the model raises on is left out, said in the progress. `call` computes the
+    reference outputs (`Target.run_traced` with reference="traced"); None: the model's own."""
+    if call is None:
+
+        def call(inputs: list[np.ndarray]) -> list[np.ndarray]:
+            return source.call_flat(signature, inputs)[0]
+
     rng = np.random.default_rng(0)
     batch = signature.sample_batch
     at_sample = signature.concrete_shapes()
@@ -106,7 +118,7 @@ def verification_inputs(
     for label, shapes in wanted:
         inputs = signature.random_inputs(rng, shapes=shapes)
         try:
-            (outputs, _), took = time_once(lambda i=inputs: source.call_flat(signature, i))
+            outputs, took = time_once(lambda i=inputs: call(i))
         except Exception as exc:
             progress.say(f"the model raised on {label}, verifying without it: {one_line(exc)}")
             continue
@@ -152,3 +164,135 @@ def output_signature(
     dimension that differs between them is None): what save() records for servers."""
     free_features = any(None in spec.shape[1:] for spec in signature.specs)
     return OutputSignature.observed(structure, [c.reference for c in checks], free_features)
+
+
+# What the traced graph is, in the report's words.
+TRACED_WORDS = (
+    "its traced graph (tf.function(model): what model.predict() and model.export() compute, "
+    "what tf-function runs and every converter starts from)"
+)
+
+
+@dataclass(frozen=True)
+class EagerVsTraced:
+    """The model's traced graph against its eager call on the sample: the comparison (under
+    optimize()'s rtol/atol, the traced outputs judged against the eager ones), where they
+    first part (a layer, where infertune can tell), and which of them is the reference."""
+
+    comparison: Comparison
+    reference: str  # "eager" or "traced"
+    where: str = ""
+
+    @property
+    def agree(self) -> bool:
+        return self.comparison.passed
+
+    def note(self) -> str:
+        """The report's note: which reference was used and how far the other one is."""
+        c = self.comparison
+        if self.reference == "eager":
+            used, other = "the model's eager call model(x) (reference='eager')", TRACED_WORDS
+        else:
+            used = (
+                "the model's traced graph (reference='traced': tf.function(model), what "
+                "model.predict() and model.export() compute), not its eager call model(x)"
+            )
+            other = "model(x)"
+        if self.agree:
+            return (
+                f"reference: {used}; {other} agrees with it on the sample (max abs diff "
+                f"{c.max_abs_err:.1e}, relative {c.max_rel_err:.1e})"
+            )
+        how = f"max abs diff {c.max_abs_err:.2e}, relative {c.max_rel_err:.2e}"
+        if not (c.max_abs_err or c.max_rel_err):  # another dtype or shape, or a failure
+            how = c.reason
+        where = f"; {self.where}" if self.where else ""
+        note = (
+            f"reference: {used}. WARNING: {other} differs from it on the sample beyond "
+            f"rtol/atol ({how}){where}."
+        )
+        if self.reference == "eager":
+            return (
+                f"{note} Every candidate that runs the traced graph or a conversion of it "
+                f"fails verification against model(x). If your production call is "
+                f"model.predict() or an exported model, optimize(..., reference='traced') "
+                f"verifies against the traced graph instead"
+            )
+        return f"{note} The result computes the traced graph's outputs, not model(x)'s"
+
+
+def compare_traced(
+    target: Target,
+    sample: list[np.ndarray],
+    eager: list[np.ndarray],
+    reference: str,
+    rtol: float,
+    atol: float,
+) -> tuple[EagerVsTraced, list[np.ndarray] | None]:
+    """The traced graph's outputs on the sample against the eager call's, and those outputs
+    (None where the model cannot be traced). One call of the shared trace: the trace itself
+    is what the tf-function candidate and every conversion use. Only where they differ is the
+    model searched for the first layer that differs. A model that cannot be traced: with
+    reference="traced", a ModelError; else a note (its traced candidates fail and say why)."""
+    try:
+        traced = target.run_traced(sample)
+    except Exception as exc:
+        if reference == "traced":
+            raise ModelError(
+                f"reference='traced' needs the model's traced graph, and tracing or calling "
+                f"it failed: {one_line(exc)}. Use reference='eager'."
+            ) from exc
+        why = f"the model's traced graph failed on the sample: {one_line(exc)}"
+        return EagerVsTraced(Comparison(False, why), reference), None
+    comparison = compare_outputs(traced, eager, rtol, atol)
+    if comparison.passed:
+        return EagerVsTraced(comparison, reference), traced
+    where = first_differing_layer(target.source, target.signature, sample, rtol, atol)
+    return EagerVsTraced(comparison, reference, where), traced
+
+
+def first_differing_layer(
+    source: ModelSource, signature: InputSignature, sample: list[np.ndarray], rtol: float,
+    atol: float,
+) -> str:  # fmt: skip
+    """Where a Keras Functional or Sequential model's eager and traced outputs first part: the
+    first layer (in the model's order) whose outputs differ, with how; "" where that cannot be
+    told (a subclassed model, a layer used twice). Runs the model once more each way, with every
+    layer's output as an output: only called where the model's outputs differ."""
+    model = source.owner
+    try:
+        import keras
+        import tensorflow as tf
+
+        layers = [x for x in model.layers if not isinstance(x, keras.layers.InputLayer)]
+        probe_model = keras.Model(model.input, [layer.output for layer in layers])
+        inputs = signature.structure.pack(list(sample))
+        eager = probe_model(inputs)
+        traced = tf.function(probe_model)(inputs)
+    except Exception:  # no layer-by-layer view of this model: the note says what differs only
+        return ""
+    for layer, eager_out, traced_out in zip(layers, eager, traced):
+        for e, t in zip(tf.nest.flatten(eager_out), tf.nest.flatten(traced_out)):
+            e, t = np.asarray(e), np.asarray(t)
+            if compare_outputs([t], [e], rtol, atol):
+                continue
+            kind = type(layer).__name__
+            diff = np.max(np.abs(e.astype(np.float64) - t.astype(np.float64)), initial=0.0)
+            if e.dtype == t.dtype:
+                return (
+                    f"the first layer whose outputs differ is {layer.name!r} ({kind}), by up "
+                    f"to {diff:.2e}"
+                )
+            why = ""
+            if any(c.__name__ in ("DataLayer", "TFDataLayer") for c in type(layer).__mro__):
+                why = (
+                    f": Keras' preprocessing layers convert their inputs to their compute "
+                    f"dtype ({layer.compute_dtype}) inside a traced graph, as in a tf.data "
+                    f"pipeline, and keep them as given when called eagerly"
+                )
+            return (
+                f"the first layer whose outputs differ is {layer.name!r} ({kind}): it returns "
+                f"{e.dtype} called eagerly and {t.dtype} traced (values up to {diff:.2e} "
+                f"apart){why}"
+            )
+    return ""

@@ -21,7 +21,7 @@ from ..gpu import enable_tf_memory_growth
 from ..inputs import InputSignature, build_signature
 from ..machine import MachineRecord
 from ..models import ModelSource, load_model
-from ..options import Options
+from ..options import REFERENCE_NAMES, Options
 from ..progress import Progress
 from ..report import CandidateResult, Diagnosis, Report, memory_line
 from ..resources import MemoryPeak
@@ -29,7 +29,7 @@ from ..result.choice import Choice
 from ..splitting import Split, find_split
 from ..stages import StageTimes
 from ..target import Target
-from ..verify import ELEMENT_RULE
+from ..verify import ELEMENT_RULE, compare_outputs
 from .diagnosis import diagnose
 from .isolation import Isolation
 from .measuring import close_quietly, concurrency_note, measure_batches
@@ -37,6 +37,8 @@ from .planning import Probe, after_candidates_s, learn_from_run
 from .preparing import Budget, prepare_all, shared_stage
 from .reference import (
     Check,
+    EagerVsTraced,
+    compare_traced,
     output_signature,
     probe,
     reference_outputs,
@@ -136,9 +138,11 @@ def _tune(
     backends = candidates(source, options, split, unsplit if signature.strings else None)
     dtypes = [ref.dtype for ref in reference]
     target = Target(source, signature, structure, dtypes, options.objective, options.concurrency)
+    reference, versus, call = _reference_kind(target, sample, reference, options, progress)
+    target.output_dtypes = [ref.dtype for ref in reference]
     with progress.timed("verification inputs"):
         checks, call_s = verification_inputs(
-            source, signature, sample, reference, progress, batch_sizes
+            source, signature, sample, reference, progress, batch_sizes, call
         )
     outputs = output_signature(structure, signature, checks)
 
@@ -168,9 +172,14 @@ def _tune(
         for backend, result in zip(backends, results)
         if backend.precision_note and result.status not in ("skipped", "unavailable")
     ]
+    if options.reference == "traced" and results[0].status == "mismatch":
+        results[0].reason = (
+            f"model(x) is not the reference (reference='traced'), and differs from the traced "
+            f"graph: {results[0].reason}"
+        )
     kinds = [(type(b), b.name) for b in backends]
     del backends  # a rejected candidate is referenced by nobody
-    if results[0].status != "ok":
+    if results[0].status != "ok" and options.reference == "eager":
         raise ModelError(
             f"The model does not reproduce its own outputs on the same input "
             f"({results[0].reason}); a model with randomness at inference (dropout in "
@@ -202,7 +211,8 @@ def _tune(
     statuses = {r.name: r.status for r in results}
     learn_from_run(record, planned, kinds, statuses, times, serving)
     notes = (
-        _notes(target, checks, results)
+        [versus.note()]
+        + _notes(target, checks, results)
         + _split_notes(split, unsplit, signature.strings)
         + precision_notes
         + target.notes
@@ -211,6 +221,11 @@ def _tune(
         + isolation.notes
         + _concurrency_notes(options, under_load)
     )
+    if not versus.agree and options.reference == "eager" and serving in REFERENCE_NAMES:
+        selection.reason += (
+            "; every compiled candidate computes the model's traced graph, which differs "
+            "from model(x) (see the first note: reference='traced' verifies against it)"
+        )
     report = _report(model, options, results, environment, selection, notes, diagnosis, times)
     if memory.before is not None:
         memory.sample()
@@ -227,6 +242,34 @@ def _tune(
         progress.say(line)
     progress.say(times.summary().replace("\n  ", "; "))
     return choice, report
+
+
+def _reference_kind(
+    target: Target,
+    sample: list[np.ndarray],
+    eager: list[np.ndarray],
+    options: Options,
+    progress: Progress,
+) -> tuple[list[np.ndarray], EagerVsTraced, Any]:
+    """The traced graph against the eager call on the sample (one call of the trace the
+    candidates share); with reference="traced", the traced outputs as the reference, the call
+    that computes the others, and the model's own check that it reproduces them."""
+    with progress.timed("traced graph", text="tracing the model and comparing with its call"):
+        versus, traced = compare_traced(
+            target, sample, eager, options.reference, options.rtol, options.atol
+        )
+        if not versus.agree:
+            progress.say(versus.note())
+        if options.reference == "eager":
+            return eager, versus, None
+        call = target.run_traced
+        again = compare_outputs(call(sample), traced, options.rtol, options.atol)
+    if not again:
+        raise ModelError(
+            f"The model's traced graph does not reproduce its own outputs on the same input "
+            f"({again.reason}); a model with randomness at inference cannot be verified."
+        )
+    return traced, versus, call
 
 
 def _report(

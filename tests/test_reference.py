@@ -1,0 +1,95 @@
+"""The reference: the model's eager call, or its traced graph where the user asks for it, and
+the report's word on how far the two are apart."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import dense_model
+
+import infertune
+from infertune.errors import OptionError
+
+
+def uint8_resizing_model():
+    """A serving model that takes raw image bytes: Keras' Resizing rounds its output to uint8
+    when called eagerly and returns float32 inside a traced graph (Rescaling after it makes
+    both float32, ~2e-3 apart): every traced candidate differs from model(x)."""
+    import keras
+
+    keras.utils.set_random_seed(0)
+    pixels = keras.Input((32, 32, 3), dtype="uint8")
+    x = keras.layers.Rescaling(1 / 255)(keras.layers.Resizing(16, 16)(pixels))
+    x = keras.layers.Flatten()(keras.layers.Conv2D(4, 3)(x))
+    return keras.Model(pixels, keras.layers.Dense(3)(x))
+
+
+def image_sample():
+    return np.random.default_rng(0).integers(0, 256, (2, 32, 32, 3), dtype=np.uint8)
+
+
+def optimize(model, sample, **options):
+    # tf-function is the traced graph itself: the one candidate these tests need.
+    return infertune.optimize(
+        model, sample, backends=["tf-function"], isolation="off", verbose=False, **options
+    )
+
+
+def test_eager_reference_keeps_model_call_and_warns_where_the_trace_differs():
+    model, sample = uint8_resizing_model(), image_sample()
+    opt = optimize(model, sample)
+    report = opt.report
+    assert opt.backend == "keras-eager"
+    assert report.candidate("tf-function").status == "mismatch"
+    note = report.notes[0]
+    assert note.startswith("reference: the model's eager call model(x) (reference='eager')")
+    assert "WARNING" in note
+    assert "'resizing' (Resizing): it returns uint8 called eagerly and float32 traced" in note
+    assert "reference='traced'" in note and "reference='traced'" in report.selection_reason
+    # opt(x) is model(x): the same eager call, so exactly equal.
+    np.testing.assert_array_equal(opt(sample), model(sample).numpy())
+
+
+def test_traced_reference_chooses_a_compiled_candidate_and_says_what_it_computes():
+    import tensorflow as tf
+
+    model, sample = uint8_resizing_model(), image_sample()
+    opt = optimize(model, sample, reference="traced")
+    report = opt.report
+    assert opt.backend == "tf-function"
+    eager = report.candidate("keras-eager")
+    assert eager.status == "mismatch" and "not the reference" in eager.reason
+    note = report.notes[0]
+    assert note.startswith("reference: the model's traced graph (reference='traced'")
+    assert "WARNING: model(x) differs from it" in note and "max abs diff" in note
+    # opt(x) is the traced graph's output (what model.predict() computes); within rtol=1e-3
+    # of it, as verified, and 1e-6 apart at most here, float32 round-off of one graph.
+    traced = tf.function(model)(sample).numpy()
+    np.testing.assert_allclose(opt(sample), traced, rtol=0, atol=1e-6)
+
+
+def test_traced_reference_is_kept_by_the_tuning_cache(tmp_path):
+    model, sample = uint8_resizing_model(), image_sample()
+    first = optimize(model, sample, reference="traced", cache=tmp_path)
+    again = optimize(model, sample, reference="traced", cache=tmp_path)
+    # Checked on the sample against the traced graph it was tuned against, not model(x).
+    assert again.report.from_cache and again.backend == first.backend == "tf-function"
+    # The eager reference is another entry: tuned again, and the model's call chosen.
+    eager = optimize(model, sample, cache=tmp_path)
+    assert not eager.report.from_cache and eager.backend == "keras-eager"
+
+
+def test_a_model_whose_trace_agrees_is_unaffected():
+    sample = np.random.default_rng(0).standard_normal((4, 6)).astype("float32")
+    opt = optimize(dense_model(), sample)
+    assert opt.backend in ("keras-eager", "tf-function")
+    assert opt.report.candidate("tf-function").status in ("ok", "selected")
+    note = opt.report.notes[0]
+    assert note.startswith("reference: the model's eager call model(x)")
+    assert "agrees with it" in note and "WARNING" not in note
+    assert "WARNING" not in opt.report.selection_reason
+
+
+def test_reference_option_is_checked():
+    with pytest.raises(OptionError, match="reference must be one of"):
+        optimize(dense_model(), np.zeros((1, 6), "float32"), reference="predict")
