@@ -53,6 +53,7 @@ def test_every_stage_is_timed_and_they_add_up_to_the_total(timed_report):
     for stage in (
         "model load",
         "reference",
+        "traced graph",
         "verification inputs",
         "environment",
         "FLOP count",
