@@ -93,3 +93,24 @@ def test_a_model_whose_trace_agrees_is_unaffected():
 def test_reference_option_is_checked():
     with pytest.raises(OptionError, match="reference must be one of"):
         optimize(dense_model(), np.zeros((1, 6), "float32"), reference="predict")
+
+
+def test_a_model_that_cannot_be_traced_says_so():
+    import keras
+
+    class ValueDependent(keras.Model):  # Python control flow on a tensor's value
+        def __init__(self):
+            super().__init__()
+            self.dense = keras.layers.Dense(2)
+
+        def call(self, x):
+            return self.dense(x) * (2.0 if float(keras.ops.max(x)) > 0 else 1.0)
+
+    model, sample = ValueDependent(), np.ones((2, 4), "float32")
+    opt = optimize(model, sample)
+    assert opt.backend == "keras-eager"
+    assert "WARNING: its traced graph" in opt.report.notes[0]
+    assert "failed on the sample" in opt.report.notes[0]
+    assert "reference='traced'" not in opt.report.selection_reason
+    with pytest.raises(infertune.ModelError, match="reference='traced' needs"):
+        optimize(model, sample, reference="traced")

@@ -182,10 +182,16 @@ class EagerVsTraced:
     comparison: Comparison
     reference: str  # "eager" or "traced"
     where: str = ""
+    failed: bool = False  # the traced graph could not be made or run
 
     @property
     def agree(self) -> bool:
         return self.comparison.passed
+
+    @property
+    def differs(self) -> bool:
+        """The traced graph ran, and computes something else than the eager call."""
+        return not (self.comparison.passed or self.failed)
 
     def note(self) -> str:
         """The report's note: which reference was used and how far the other one is."""
@@ -204,13 +210,18 @@ class EagerVsTraced:
                 f"{c.max_abs_err:.1e}, relative {c.max_rel_err:.1e})"
             )
         how = f"max abs diff {c.max_abs_err:.2e}, relative {c.max_rel_err:.2e}"
-        if not (c.max_abs_err or c.max_rel_err):  # another dtype or shape, or a failure
+        if not (c.max_abs_err or c.max_rel_err):  # another dtype or shape
             how = c.reason
         where = f"; {self.where}" if self.where else ""
         note = (
             f"reference: {used}. WARNING: {other} differs from it on the sample beyond "
             f"rtol/atol ({how}){where}."
         )
+        if self.failed:  # only with reference="eager": "traced" raises instead
+            return (
+                f"reference: {used}. WARNING: {other} failed on the sample ({c.reason}): "
+                f"every candidate that runs it or a conversion of it fails too"
+            )
         if self.reference == "eager":
             return (
                 f"{note} Every candidate that runs the traced graph or a conversion of it "
@@ -242,8 +253,8 @@ def compare_traced(
                 f"reference='traced' needs the model's traced graph, and tracing or calling "
                 f"it failed: {one_line(exc)}. Use reference='eager'."
             ) from exc
-        why = f"the model's traced graph failed on the sample: {one_line(exc)}"
-        return EagerVsTraced(Comparison(False, why), reference), None
+        failure = Comparison(False, one_line(exc))
+        return EagerVsTraced(failure, reference, failed=True), None
     comparison = compare_outputs(traced, eager, rtol, atol)
     if comparison.passed:
         return EagerVsTraced(comparison, reference), traced

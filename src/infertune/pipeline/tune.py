@@ -221,7 +221,7 @@ def _tune(
         + isolation.notes
         + _concurrency_notes(options, under_load)
     )
-    if not versus.agree and options.reference == "eager" and serving in REFERENCE_NAMES:
+    if versus.differs and options.reference == "eager" and serving in REFERENCE_NAMES:
         selection.reason += (
             "; every compiled candidate computes the model's traced graph, which differs "
             "from model(x) (see the first note: reference='traced' verifies against it)"
