@@ -15,12 +15,15 @@ preprocessing inside, as Keras' guidance on exporting models says:
   (tf.signal.stft, its magnitude, a mel matrix, log), then a small Conv2D head;
 * `two-tower`: a retrieval model, a query tower (user id, the last ten item ids) and an item
   tower (item id, eight float features), their normalized dot product as the score;
-* `image`: uint8 images resized and rescaled inside the model, then a small CNN.
+* `image`: uint8 images resized and rescaled inside the model, then a small CNN. Keras'
+  `Resizing` rounds a uint8 image back to uint8 when called eagerly and not in a traced
+  graph, so this model is tuned with `reference="traced"` (what `model.predict()` computes)
+  and every error below is taken against `tf.function(model)` for it.
 
 For each model, in a child process of its own (as benchmarks/zoo.py): `infertune.optimize`,
 timed, or the reason it refused the model; every candidate's fate from the report; the
-callable's error against `model(x)` at two batch sizes (relative norm and the largest
-element); the runtimes written by hand with their defaults (by_hand.py: tf.function,
+callable's error against `model(x)` (the reference) at two batch sizes (relative norm and the
+largest element); the runtimes written by hand with their defaults (by_hand.py: tf.function,
 tf.function with XLA, ONNX Runtime on a tf2onnx export, OpenVINO f32 from that export,
 LiteRT), each where it converts, its failure recorded otherwise; and those that ran timed
 with infertune's callable in one interleaved run.
@@ -298,6 +301,9 @@ class ProductionModel:
     kind: str
     build: Callable[[Sizes], Any]
     draw: Callable[[np.random.Generator, int, Sizes], Any]  # (rng, batch, sizes) -> input
+    # What the outputs are checked against: "eager" (model(x)) or "traced" (the traced graph,
+    # what model.predict() and model.export() compute), as optimize(reference=...) takes it.
+    reference: str = "eager"
 
 
 MODELS: dict[str, ProductionModel] = {
@@ -314,18 +320,32 @@ MODELS: dict[str, ProductionModel] = {
     "two-tower": ProductionModel(
         "dict of 4 (int64 ids, history): two towers, dot", two_tower, two_tower_inputs
     ),
-    "image": ProductionModel("uint8 image: Resizing, Rescaling, CNN", image, images),
+    # Keras' Resizing rounds a uint8 image back to uint8 called eagerly, not traced: a service
+    # that serves model.predict() or model.export() tunes against the traced graph.
+    "image": ProductionModel(
+        "uint8 image: Resizing, Rescaling, CNN (reference: traced)", image, images, "traced"
+    ),
 }
 
 
 # -- one model, in a child process -------------------------------------------------------------
+def reference_call(model, spec: ProductionModel) -> Callable[[Any], Any]:
+    """The model as the outputs are checked against: its eager call, or its traced graph."""
+    if spec.reference == "eager":
+        return model
+    import tensorflow as tf
+
+    return tf.function(model)
+
+
 def callable_errors(opt, model, spec: ProductionModel, sizes: Sizes, rng) -> dict:
     """{"batch N": {"rel": relative norm, "max_abs": largest element} or "failed: ..."}."""
     errors: dict[str, Any] = {}
+    call = reference_call(model, spec)
     for batch in (SAMPLE_BATCH, CHECK_BATCH):
         x = spec.draw(rng, batch, sizes)
         try:
-            outs, refs = flat_outputs(opt(x)), flat_outputs(model(x))
+            outs, refs = flat_outputs(opt(x)), flat_outputs(call(x))
             errors[f"batch {batch}"] = {
                 "rel": relative_error(outs, refs),
                 "max_abs": max(float(np.max(np.abs(o - r))) for o, r in zip(outs, refs)),
@@ -359,7 +379,7 @@ def run_model(name: str, quick: bool, budget_s: float) -> dict:
     print(f"[production] {name}: optimize()", file=sys.stderr, flush=True)
     start = time.perf_counter()
     try:
-        opt = infertune.optimize(model, sample, verbose=False)
+        opt = infertune.optimize(model, sample, reference=spec.reference, verbose=False)
     except Exception as exc:  # a refused model is a result: say why
         opt = None
         result["optimize_failed"] = reason(exc)
@@ -374,7 +394,7 @@ def run_model(name: str, quick: bool, budget_s: float) -> dict:
         )
     print(f"[production] {name}: runtimes by hand", file=sys.stderr, flush=True)
     runners, failed, build_s = by_hand_runners(model, sample)
-    reference = flat_outputs(model(sample))
+    reference = flat_outputs(reference_call(model, spec)(sample))
     raw_err = {}
     for label in list(runners):
         try:
