@@ -41,9 +41,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -57,7 +55,10 @@ from timing import (
     EXACT_RTOL,
     ONNXRUNTIME_COOLDOWN_S,
     machine_description,
+    milliseconds,
+    raw_cell,
     relative_error,
+    run_in_child,
     write_results,
 )
 from zoo import by_hand_runners, describe_input, flat_outputs, reason
@@ -433,37 +434,7 @@ def run_model(name: str, quick: bool, budget_s: float) -> dict:
     return result
 
 
-def run_in_child(name: str, quick: bool, budget_s: float, timeout_s: float) -> dict:
-    """run_model in a child process; a crash or a hang becomes that model's failure."""
-    with tempfile.TemporaryDirectory(prefix="production-") as tmp:
-        path = Path(tmp) / "result.json"
-        command = [sys.executable, __file__, "--child", name, "--budget", str(budget_s)]
-        command += ["--child-out", str(path)] + (["--quick"] if quick else [])
-        start = time.perf_counter()
-        try:
-            done = subprocess.run(command, timeout=timeout_s, check=False)
-        except subprocess.TimeoutExpired:
-            return {"model": name, "error": f"did not finish within {timeout_s:.0f} s"}
-        if done.returncode != 0 or not path.exists():
-            return {"model": name, "error": f"the child process exited with {done.returncode}"}
-        result = json.loads(path.read_text(encoding="utf-8"))
-        result["wall_s"] = time.perf_counter() - start
-        return result
-
-
 # -- report ------------------------------------------------------------------------------------
-def _ms(value: float) -> str:
-    return f"{value:.4g}"
-
-
-def raw_cell(r: dict, label: str) -> str:
-    if label in r["raw_failed"]:
-        return "failed"
-    value = r["p50_ms"].get(label)
-    if value is None:
-        return "-"
-    err = r["raw_rel_err"].get(label, 0.0)
-    return _ms(value) + (f" (err {err:.0e})" if err > EXACT_RTOL else "")
 
 
 def worst_error(r: dict) -> str:
@@ -490,7 +461,7 @@ def markdown(results: list[dict]) -> str:
         chose = "refused" if "optimize_failed" in r else r["selected"]
         cells = [raw_cell(r, label) for label in RAW_RUNTIMES]
         ours = r["p50_ms"].get("infertune")
-        cells.append("-" if ours is None else _ms(ours))
+        cells.append("-" if ours is None else milliseconds(ours))
         ratio, tf_ratio = r["vs_best_exact_raw"], r["vs_tf_function"]
         versus = "-" if ratio is None else f"{ratio:.2f}x ({r['best_exact_raw']})"
         versus_tf = "-" if tf_ratio is None else f"{tf_ratio:.2f}x"
@@ -606,7 +577,14 @@ def main() -> int:
     results = []
     for name in names:
         print(f"[production] {name} ({len(results) + 1} of {len(names)})", file=sys.stderr)
-        results.append(run_in_child(name, args.quick, budget, args.model_timeout))
+        results.append(
+            run_in_child(
+                __file__,
+                name,
+                ["--budget", str(budget)] + (["--quick"] if args.quick else []),
+                args.model_timeout,
+            )
+        )
     from infertune.environment import collect_environment
 
     env = collect_environment()

@@ -1,12 +1,17 @@
 """What the benchmarks share besides the by-hand runtimes (by_hand.py): what "exact" means,
-the output error, interleaved timing of zero-argument runners, the machine's description,
-and where a run's results are written.
+the output error, interleaved timing of zero-argument runners, a model's run in a child
+process, a table's by-hand cells, the machine's description, and where a run's results are
+written.
 """
 
 from __future__ import annotations
 
 import json
 import platform
+import subprocess
+import sys
+import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -78,3 +83,37 @@ def write_results(out: Path, text: str, env: dict, results: list, targets: list[
     (out / "results.md").write_text(text + "\n", encoding="utf-8")
     payload = {"environment": env, "results": results, "targets": targets}
     (out / "results.json").write_text(json.dumps(payload, indent=2, default=str) + "\n")
+
+
+def run_in_child(script: str, name: str, args: list[str], timeout_s: float) -> dict:
+    """`script --child NAME ARGS --child-out FILE` in a child process, its JSON result read
+    back; a crash or a hang becomes that model's failure."""
+    with tempfile.TemporaryDirectory(prefix=f"{Path(script).stem}-") as tmp:
+        path = Path(tmp) / "result.json"
+        command = [sys.executable, script, "--child", name, *args, "--child-out", str(path)]
+        start = time.perf_counter()
+        try:
+            done = subprocess.run(command, timeout=timeout_s, check=False)
+        except subprocess.TimeoutExpired:
+            return {"model": name, "error": f"did not finish within {timeout_s:.0f} s"}
+        if done.returncode != 0 or not path.exists():
+            return {"model": name, "error": f"the child process exited with {done.returncode}"}
+        result = json.loads(path.read_text(encoding="utf-8"))
+        result["wall_s"] = time.perf_counter() - start
+        return result
+
+
+def milliseconds(value: float) -> str:
+    return f"{value:.4g}"
+
+
+def raw_cell(r: dict, label: str) -> str:
+    """A by-hand runtime's cell in a results table: its p50 in ms (with its error where it is
+    not exact), or why there is none."""
+    if label in r["raw_failed"]:
+        return "failed"
+    value = r["p50_ms"].get(label)
+    if value is None:
+        return "-"
+    err = r["raw_rel_err"].get(label, 0.0)
+    return milliseconds(value) + (f" (err {err:.0e})" if err > EXACT_RTOL else "")

@@ -30,9 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -46,7 +44,10 @@ from timing import (
     EXACT_RTOL,
     ONNXRUNTIME_COOLDOWN_S,
     machine_description,
+    milliseconds,
+    raw_cell,
     relative_error,
+    run_in_child,
     write_results,
 )
 
@@ -300,6 +301,11 @@ def by_hand_runners(model, sample) -> tuple[dict, dict, dict]:
         "litert": lambda: by_hand.litert_interpreter(model, sample),
     }
     runners, failed, build_s = {}, {}, {}
+    if any(np.asarray(a).dtype.kind in "OSU" for a in flat_outputs(sample)):
+        # XLA compiling a function of a string tensor aborts the process (TensorFlow's check
+        # DataTypeCanUseMemcpy), which no try can catch: not built.
+        del builders["tf.function+XLA"]
+        failed["tf.function+XLA"] = "XLA takes no string tensors (it aborts the process)"
     for label, build in builders.items():
         print(f"[zoo]   by hand: {label}", file=sys.stderr, flush=True)
         start = time.perf_counter()
@@ -413,37 +419,7 @@ def run_model(name: str, budget_s: float) -> dict:
     }
 
 
-def run_in_child(name: str, budget_s: float, timeout_s: float) -> dict:
-    """run_model in a child process; a crash or a hang becomes that model's failure."""
-    with tempfile.TemporaryDirectory(prefix="zoo-") as tmp:
-        path = Path(tmp) / "result.json"
-        command = [sys.executable, __file__, "--child", name, "--budget", str(budget_s)]
-        command += ["--child-out", str(path)]
-        start = time.perf_counter()
-        try:
-            done = subprocess.run(command, timeout=timeout_s, check=False)
-        except subprocess.TimeoutExpired:
-            return {"model": name, "error": f"did not finish within {timeout_s:.0f} s"}
-        if done.returncode != 0 or not path.exists():
-            return {"model": name, "error": f"the child process exited with {done.returncode}"}
-        result = json.loads(path.read_text(encoding="utf-8"))
-        result["wall_s"] = time.perf_counter() - start
-        return result
-
-
 # -- report ------------------------------------------------------------------------------------
-def _ms(value: float) -> str:
-    return f"{value:.4g}"
-
-
-def raw_cell(r: dict, label: str) -> str:
-    if label in r["raw_failed"]:
-        return "failed"
-    value = r["p50_ms"].get(label)
-    if value is None:
-        return "-"
-    err = r["raw_rel_err"].get(label, 0.0)
-    return _ms(value) + (f" (err {err:.0e})" if err > EXACT_RTOL else "")
 
 
 def worst_callable_error(r: dict) -> str:
@@ -467,7 +443,7 @@ def markdown(results: list[dict]) -> str:
             continue
         cells = [raw_cell(r, label) for label in RAW_RUNTIMES]
         ours = r["p50_ms"].get("infertune")
-        cells.append("-" if ours is None else _ms(ours))
+        cells.append("-" if ours is None else milliseconds(ours))
         ratio = r["vs_best_exact_raw"]
         versus = "-" if ratio is None else f"{ratio:.2f}x ({r['best_exact_raw']})"
         rejected = ", ".join(r["exact_mismatch"]) or "none"
@@ -577,7 +553,8 @@ def main() -> int:
     results = []
     for name in names:
         print(f"[zoo] {name} ({len(results) + 1} of {len(names)})", file=sys.stderr, flush=True)
-        results.append(run_in_child(name, args.budget, args.model_timeout))
+        budget = ["--budget", str(args.budget)]
+        results.append(run_in_child(__file__, name, budget, args.model_timeout))
     from infertune.environment import collect_environment
 
     env = collect_environment()
