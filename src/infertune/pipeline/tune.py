@@ -76,9 +76,9 @@ def candidates(
     Where the model is split (`split`), each candidate that converts the model gets a chain
     (TfHeadChain: the TensorFlow head, then the body on that candidate), after the candidates
     of the whole model. The whole model stays a candidate too unless it takes strings (which
-    no converter takes): a converter may take some preprocessing layers whole (LiteRT takes
-    Discretization, every runtime a one-hot CategoryEncoding), and the whole model then runs
-    without the head's TensorFlow call, 0.1-0.2 ms. Where the model takes strings and cannot
+    no converter takes): a converter may take the head's layers whole (where it has an op
+    for what they hold), and the whole model then runs without the head's TensorFlow call,
+    0.1-0.2 ms. Where the model takes strings and cannot
     be split (`unsplit` says why), the converting candidates are skipped with that reason."""
     reference = KerasEager("keras-eager" if source.is_keras else "original")
     wanted = list(BACKENDS) if options.backends is None else list(options.backends)
