@@ -146,6 +146,9 @@ class _Run:
     large: str | None = None
     alive: list[_Candidate] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    # Set once this thread has made every conversion: a tournament waits for it, so that no
+    # conversion competes for the cores with the candidates it times.
+    converted: threading.Event = field(default_factory=threading.Event)
 
 
 def prepare_all(
@@ -202,6 +205,8 @@ def prepare_all(
     # while this thread converts the next candidate. Not with isolation "off": everything
     # then runs in the caller's thread, one candidate after another.
     background = ThreadPoolExecutor(1, "infertune background") if isolation.mode != "off" else None
+    if background is None:
+        run.converted.set()
     try:
         _offload(others, run)
         for state in others:
@@ -216,9 +221,11 @@ def prepare_all(
                     _contend(state, run)
             elif _start(state, run, background):
                 pending.append(state)
+        run.converted.set()
         for state in pending:
             _finish(state, run)
     finally:
+        run.converted.set()
         if background is not None:
             background.shutdown(wait=False)  # every task was waited for, or abandoned
         target.close_offloaded()
@@ -546,6 +553,11 @@ def _keep(state: _Candidate, run: _Run) -> None:
         run.alive.append(state)
         if len(run.alive) <= KEEP_AT_ONCE:
             return
+    # Multi-threaded sessions lost 1.9x to single-threaded ones timed beside a conversion
+    # (ONNX Runtime 246 ms, 115-129 ms alone): the tournament waits for the conversions to
+    # be done. This background thread compiles nothing meanwhile, so no more is held.
+    run.converted.wait()
+    with run.lock:
         sample = run.checks[0].inputs
         runners = {s.backend.name: (lambda b=s.backend: b.run(sample)) for s in run.alive}
         measured = measure_interleaved(
@@ -700,6 +712,10 @@ def _after_rehearsal(state: _Candidate, run: _Run) -> None:
         give_up = run.budget.candidates_end(_contenders(run)) if run.budget.limited else math.inf
         if not _wait(state.rehearsal, give_up):
             raise _BudgetOver("during its rehearsal in the child process")
+    if run.large is not None and state.backend.memory_factor > 0:
+        # A large model's conversions hold 4-5.4x its weights each: a session compiled here
+        # meanwhile adds its copy to that peak, so it waits for them (its rehearsal went on).
+        run.converted.wait()
     if run.budget.limited and run.budget.left_s() <= run.budget.after_s(1):
         raise _BudgetOver("before its compile here")
     state.deadline = _deadline(run, isolation)  # compiling here gets the full time again
