@@ -20,8 +20,9 @@ optimize()'s time by stage; every candidate's fate; then the result timed agains
 `tf.function` and against ONNX Runtime by hand (tf2onnx's `from_function`, with
 `large_model=True` and its external data past 2 GB) in one interleaved run. `--quick` builds
 small models of the same shapes (a smoke test of the script, seconds each). `--max-gb`
-kills a model's child whose memory passes it (on a machine shared with other work; set
-INFERTUNE_MEMORY_BYTES too, so that optimize() skips what would not fit).
+kills a model's child whose memory passes it (on a machine shared with other work), and
+sets INFERTUNE_MEMORY_BYTES in the child (unless set) to what it leaves above the model
+built, so that optimize() skips what would not fit instead.
 
 Prints one markdown table (for docs/benchmarks.md) with the machine's memory.
 """
@@ -78,6 +79,15 @@ def tree_rss_gb(pid: int | None = None) -> float:
         total += _rss_kb(current)
         pending += _children(current)
     return total * 1024 / 1e9
+
+
+def _hwm_gb() -> float:
+    """This process's high-water mark (VmHWM) in GB: at least the tree's peak."""
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024 / 1e9
+    return 0.0
 
 
 class Sampler:
@@ -239,7 +249,7 @@ def _by_hand_ort(model, sample, directory: Path, large: bool):
     return run, export_s
 
 
-def child(name: str, quick: bool, by_hand: bool, out: Path) -> None:
+def child(name: str, quick: bool, by_hand: bool, out: Path, max_gb: float = 0.0) -> None:
     import numpy as np
     import tensorflow as tf
 
@@ -250,9 +260,16 @@ def child(name: str, quick: bool, by_hand: bool, out: Path) -> None:
     model(sample)  # built and called once, as a user's model is
     release_freed_memory()
     before = tree_rss_gb()
+    if max_gb and not os.environ.get("INFERTUNE_MEMORY_BYTES"):
+        # What --max-gb leaves above the model: optimize() skips what would not fit in it,
+        # instead of the watchdog killing the child.
+        os.environ["INFERTUNE_MEMORY_BYTES"] = str(int(max(0.1, max_gb - before) * 1e9))
     start = time.perf_counter()
+    with open("/proc/self/clear_refs", "w") as refs:
+        refs.write("5")  # VmHWM from here: a converter holding the GIL starves the sampler
     with Sampler() as sampler:
         opt = infertune.optimize(model, sample, verbose=True)
+    sampler.peak = max(sampler.peak, _hwm_gb())
     total_s = time.perf_counter() - start
     after = tree_rss_gb()
     report = opt.report
@@ -386,7 +403,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        child(args.child, args.quick, not args.no_by_hand, args.out)
+        child(args.child, args.quick, not args.no_by_hand, args.out, args.max_gb)
         return
     rows = []
     for name in args.models.split(","):
@@ -394,6 +411,7 @@ def main() -> None:
             out = Path(tmp) / "row.json"
             command = [sys.executable, __file__, "--child", name, "--out", str(out)]
             command += ["--quick"] * args.quick + ["--no-by-hand"] * args.no_by_hand
+            command += ["--max-gb", str(args.max_gb)] * bool(args.max_gb)
             child_process = subprocess.Popen(command)
             over = None
             while child_process.poll() is None:

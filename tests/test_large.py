@@ -106,3 +106,82 @@ def test_a_candidate_memory_cannot_hold_is_skipped_with_the_estimate(monkeypatch
     memory = opt.report.to_dict()["memory"]
     assert memory["peak_bytes"] >= memory["before_bytes"] > 0
     assert "memory: peak" in str(opt.report)
+
+
+class _Slow:
+    """Makes a tf-function that sleeps `sleep_s` a call and says it copies the weights (a
+    stand-in for a runtime that holds its own copy), recording what is closed."""
+
+    closed: list[str] = []
+
+    @classmethod
+    def make(cls, name: str, sleep_s: float):
+        import time
+
+        from infertune.backends import TfFunction
+
+        class Slow(TfFunction):
+            memory_factor = 1.0
+
+            def __init__(self):
+                super().__init__()
+                self.name = name
+
+            def run(self, inputs):
+                time.sleep(sleep_s)
+                return super().run(inputs)
+
+            def close(self):
+                cls.closed.append(self.name)
+                super().close()
+
+        return Slow()
+
+
+def test_a_large_model_keeps_the_fastest_three_for_the_measurement(monkeypatch, rng):
+    # Every model counts as large: holding all five would pass 1 byte.
+    monkeypatch.setenv("INFERTUNE_HOLD_ALL_BYTES", "1")
+    _Slow.closed.clear()
+    sleeps = {"slow-a": 0.02, "slow-b": 0.021, "slow-c": 0.022, "slow-d": 0.023, "slow-e": 0.1}
+    backends = [_Slow.make(name, s) for name, s in sleeps.items()]
+    opt = infertune.optimize(dense_model(64, 3), rng.standard_normal((4, 64)), backends=backends)
+    slow = [c for c in opt.report.candidates if c.name in sleeps]
+    measured = [c.name for c in slow if c.latency is not None]
+    closed = [c for c in slow if c.latency is None]
+    assert 1 <= len(measured) <= 3 and len(closed) >= 2, str(opt.report)
+    for candidate in closed:  # verified, said so, and closed at once
+        assert candidate.status == "skipped" and candidate.max_rel_err is not None
+        assert "closed before the measurement to hold memory" in candidate.reason
+        assert "only the 3 fastest" in candidate.reason or "more than 1.5x" in candidate.reason
+    assert "more than 1.5x" in {c.name: c for c in slow}["slow-e"].reason
+    assert {c.name for c in closed} <= set(_Slow.closed)
+    # The choice is the fastest measured: the model's own call (about 1 ms) here.
+    assert opt.backend not in {c.name for c in closed}
+    fastest = min((c for c in opt.report.candidates if c.latency), key=lambda c: c.latency.p50)
+    assert opt.backend == fastest.name
+
+
+def test_a_large_model_tries_no_session_option_variants(monkeypatch, rng):
+    monkeypatch.setenv("INFERTUNE_HOLD_ALL_BYTES", "1")
+    opt = infertune.optimize(
+        dense_model(64, 3),
+        rng.standard_normal((4, 64)),
+        backends=["onnxruntime-cpu", "onnxruntime-cpu:nospin", "onnxruntime-cpu:threads=1"],
+    )
+    by_name = {c.name: c for c in opt.report.candidates}
+    variant = by_name["onnxruntime-cpu:nospin"]
+    assert variant.status == "skipped"
+    assert "only in a session option (nospin)" in variant.reason
+    assert by_name["onnxruntime-cpu:threads=1"].status != "skipped"  # threads decide speed
+
+
+def test_xla_is_skipped_for_the_memory_its_compile_takes(monkeypatch, rng):
+    from infertune.pipeline.preparing import MEMORY_RESERVE
+
+    # Room for 1x the weights (about 800 bytes), not for XLA's compile.
+    monkeypatch.setenv("INFERTUNE_MEMORY_BYTES", str(MEMORY_RESERVE + 1000))
+    opt = infertune.optimize(
+        dense_model(64, 3), rng.standard_normal((4, 64)), backends=["tf-function", "tf-xla"]
+    )
+    xla = {c.name: c for c in opt.report.candidates}["tf-xla"]
+    assert xla.status == "skipped" and "while it compiles" in xla.reason

@@ -15,6 +15,9 @@ it is used, so a test sets it with `monkeypatch.setenv` and a benchmark in its e
     INFERTUNE_MEMORY_BYTES   the most memory (bytes) the candidates may hold in all, below what
                              the machine has free (on a machine shared with other work);
                              unset: what is free when tuning begins
+    INFERTUNE_HOLD_ALL_BYTES memory (bytes) past which the verified candidates that copy the
+                             weights are not all held for the measurement at once (default
+                             2 GiB; pipeline/preparing.py, "large models"; tests lower it)
     INFERTUNE_MACHINE_FILE   where what runs learn about the machine is kept (machine.py)
 """
 
@@ -25,6 +28,7 @@ import os
 __all__ = [
     "TF_WORKER_MODES",
     "external_data_bytes",
+    "hold_all_bytes",
     "measure_s",
     "memory_limit_bytes",
     "tf_worker_mode",
@@ -32,6 +36,7 @@ __all__ = [
 
 DEFAULT_MEASURE_S = 5.0
 DEFAULT_EXTERNAL_DATA_BYTES = 1 << 30
+DEFAULT_HOLD_ALL_BYTES = 2 << 30
 TF_WORKER_MODES = ("auto", "always", "never")
 
 
@@ -44,6 +49,12 @@ def external_data_bytes() -> int:
     """INFERTUNE_EXTERNAL_DATA_BYTES: weights past which the conversions take their paths
     for models past protobuf's 2 GiB."""
     return int(_positive("INFERTUNE_EXTERNAL_DATA_BYTES", DEFAULT_EXTERNAL_DATA_BYTES))
+
+
+def hold_all_bytes() -> int:
+    """INFERTUNE_HOLD_ALL_BYTES: the memory the candidates that copy the weights may hold at
+    once after verification before only the fastest few are kept for the measurement."""
+    return int(_positive("INFERTUNE_HOLD_ALL_BYTES", DEFAULT_HOLD_ALL_BYTES))
 
 
 def memory_limit_bytes() -> int | None:

@@ -92,6 +92,14 @@ class Backend(ABC):
     # form, an interpreter's flatbuffer and XNNPACK's packed weights), beyond the model
     # itself. Its shared conversions' transient copies are counted apart (CONVERSION_MEMORY).
     memory_factor: ClassVar[float] = 1.0
+    # Copies of the weights it makes only while it compiles (XLA's buffers for a gather on an
+    # embedding table), beyond memory_factor: counted while it is admitted, not after.
+    compile_memory_factor: ClassVar[float] = 0.0
+    # Where the candidate differs from another of its class only in a session option that
+    # seldom decides the choice (ONNX Runtime's spinning, optimization level, execution mode):
+    # that option, in words. Such a variant is not tried where the model is large
+    # (pipeline/preparing.py): each one holds its own copy of the weights.
+    session_variant: str | None = None
     # The input shapes this prepared backend can run, where it runs only those (known once
     # convert() or prepare() has run): the sample's, as LiteRT when TFLite converts the model
     # at the sample's exact shapes but not with its free dimensions. None: any shape the

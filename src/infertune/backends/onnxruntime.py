@@ -111,6 +111,8 @@ class OnnxRuntimeCpu(Backend):
     def __init__(self, settings: OrtSettings | None = None):
         self.settings = settings or OrtSettings()
         self.name = type(self).name + self.settings.suffix()
+        if not self.settings.intra_op_threads and self.settings != OrtSettings():
+            self.session_variant = self.settings.suffix().lstrip(":").replace(":", ", ")
         # Measured here: after each call, a spinning worker burns about 37 ms of one core.
         self.cooldown_s = 0.05 if self.settings.spins else 0.0
 

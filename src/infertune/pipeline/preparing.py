@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -34,11 +35,12 @@ from ..backends import Backend
 from ..backends.base import NotApplicable
 from ..errors import one_line
 from ..machine import MachineRecord
+from ..measure import measure_interleaved
 from ..options import Options
 from ..progress import Progress
 from ..report import CandidateResult
 from ..resources import available_bytes
-from ..settings import memory_limit_bytes, tf_worker_mode
+from ..settings import hold_all_bytes, memory_limit_bytes, tf_worker_mode
 from ..target import Target
 from ..verify import Comparison, compare_outputs
 from .isolation import (
@@ -119,6 +121,7 @@ class _Candidate:
     seconds: dict[str, float] = field(default_factory=dict)  # its own, by stage
     estimate: tuple[float, str] | None = None
     holds_memory: bool = False  # admitted by memory: it counts against those after it
+    dropped: bool = False  # verified, then closed before the measurement (large models)
 
 
 @dataclass
@@ -138,6 +141,15 @@ class _Run:
     estimates: dict[str, float] = field(default_factory=dict)  # planned seconds, by name
     started: int = 0  # candidates started besides the reference
     memory_budget: int | None = None  # bytes the candidates may hold in all (None: unknown)
+    # Where the model is large (_large_model): why, and the verified candidates that copy
+    # the weights still held for the measurement.
+    large: str | None = None
+    alive: list[_Candidate] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    # Set once this thread has made every conversion: a tournament waits for it, so that no
+    # conversion competes for the cores with the candidates it times.
+    converted: threading.Event = field(default_factory=threading.Event)
+    states: list[_Candidate] = field(default_factory=list)  # every candidate but the reference
 
 
 def prepare_all(
@@ -167,6 +179,8 @@ def prepare_all(
     # The model itself runs as the caller runs it, in this thread, with no deadline.
     if _admitted(reference, options) and _in_process(reference, run, Isolation("off", None)):
         run.contenders[reference.backend.name] = reference.backend
+    run.large = _large_model(others, run)
+    run.states = others
     isolation.start()  # the child's imports overlap the next candidate's conversion
     if probe is not None:
         by_backend = {id(s.backend): s for s in others}
@@ -193,23 +207,27 @@ def prepare_all(
     # while this thread converts the next candidate. Not with isolation "off": everything
     # then runs in the caller's thread, one candidate after another.
     background = ThreadPoolExecutor(1, "infertune background") if isolation.mode != "off" else None
+    if background is None:
+        run.converted.set()
     try:
         _offload(others, run)
         for state in others:
             if not _admitted(state, options) or not _fits(state, run, pending):
                 continue
-            if not _fits_memory(state, run, states):
+            if _session_variant(state, run, others) or not _fits_memory(state, run, states):
                 continue
             tried.append(state.backend.name)
             run.started += 1
             if background is None:
                 if _in_process(state, run, isolation):
-                    run.contenders[state.backend.name] = state.backend
+                    _contend(state, run)
             elif _start(state, run, background):
                 pending.append(state)
+        run.converted.set()
         for state in pending:
             _finish(state, run)
     finally:
+        run.converted.set()
         if background is not None:
             background.shutdown(wait=False)  # every task was waited for, or abandoned
         target.close_offloaded()
@@ -381,8 +399,10 @@ def _fits(state: _Candidate, run: _Run, pending: list[_Candidate]) -> bool:
 # Transient copies of the weights a shared conversion makes while it runs, beyond the model:
 # the frozen GraphDef, tf2onnx's graph, the ModelProto and its bytes; the converter's MLIR
 # module and its flatbuffer.
-# (measured peaks above the model, BERT-base-sized: ONNX export 4.1x, TFLite conversion 3.3x)
-CONVERSION_MEMORY = {"onnx": 4.0, "onnx-int8": 1.0, "tflite": 3.5, "tflite-fixed": 3.5}
+# (the process's high-water mark above the model, BERT-base-sized, each conversion alone:
+# ONNX export 4.1x; TFLite conversion 5.4x through a SavedModel, the path past 256 MB, and
+# 9.8x from the concrete function, the path below it, where a sampled peak had said 3.3x)
+CONVERSION_MEMORY = {"onnx": 4.0, "onnx-int8": 1.0, "tflite": 5.5, "tflite-fixed": 5.5}
 # What the rest of optimize() needs beside the candidates: verification and measurement
 # inputs and outputs, the runtimes' own code and arenas.
 MEMORY_RESERVE = 1 << 30
@@ -414,15 +434,21 @@ def _fits_memory(state: _Candidate, run: _Run, states: list[_Candidate]) -> bool
     except Exception:  # the trace fails: the candidate's own stages will say why
         return True
     backend = state.backend
-    held = sum(
-        s.backend.memory_factor * weights
-        for s in states
-        if s is not state and s.result.status == "ok" and s.holds_memory
+    holding = sorted(
+        (
+            s.backend.memory_factor * weights
+            for s in states
+            if s is not state and s.result.status == "ok" and s.holds_memory
+        ),
+        reverse=True,
     )
+    # A large model's candidates are held KEEP_AT_ONCE at a time after verification (_keep).
+    held = sum(holding[: KEEP_AT_ONCE - 1] if run.large else holding)
     own = backend.memory_factor * weights
     conversions = [k for k in backend.conversions if k not in target.built()]
+    compiling = backend.compile_memory_factor * weights
     transient = max(
-        [sum(CONVERSION_MEMORY.get(k, 1.0) for k in conversions) * weights]
+        [sum(CONVERSION_MEMORY.get(k, 1.0) for k in conversions) * weights, compiling]
         + ([own] if run.isolation.rehearses(backend) else [])
     )
     if held + own + transient <= budget:
@@ -431,6 +457,8 @@ def _fits_memory(state: _Candidate, run: _Run, states: list[_Candidate]) -> bool
     parts = [f"{backend.memory_factor:g}x the weights' {weights / 1e9:.2f} GB for its runtime"]
     if conversions:
         parts.append(f"{transient / weights:g}x while the {', '.join(conversions)} conversion runs")
+    elif transient == compiling and compiling:
+        parts.append(f"{backend.compile_memory_factor:g}x more while it compiles")
     elif transient:
         parts.append("once more while it is rehearsed in the child process")
     left = max(0.0, budget - held)
@@ -441,6 +469,158 @@ def _fits_memory(state: _Candidate, run: _Run, states: list[_Candidate]) -> bool
         f"{left / 1e9:.1f} GB of the {budget / 1e9:.1f} GB free when tuning began are left "
         f"for it (the candidates before it hold the rest)",
     )
+
+
+# -- large models: fewer copies of the weights held at once --------------------------------
+# Where holding every verified candidate that copies the weights would pass
+# INFERTUNE_HOLD_ALL_BYTES (2 GiB: a BERT-base-sized model's eleven candidates held 5.2 GB
+# at the end of verification), at most this many of them stay for the measurement: the
+# fastest in their verification calls; the others are closed as soon as they fall out.
+KEEP_AT_ONCE = 3
+# ... and one whose verification calls were more than this much slower than the fastest such
+# candidate's is closed at once (the measurement's own race drops a candidate 1.5x behind).
+CLEARLY_SLOWER = 1.5
+
+
+def _large_model(others: list[_Candidate], run: _Run) -> str | None:
+    """Why the model counts as large here (the candidates that copy its weights would hold
+    more than INFERTUNE_HOLD_ALL_BYTES at once), or None."""
+    if run.target.source is None:
+        return None
+    try:
+        weights = run.target.weights_bytes()
+    except Exception:  # the trace fails: the candidates' own stages will say why
+        return None
+    options = run.options
+    holders = [
+        s.backend
+        for s in others
+        if s.backend.memory_factor > 0
+        and s.backend.precision in options.precisions
+        and not (s.backend.callers_only and options.concurrency == 1)
+        and s.backend.available() is None
+    ]
+    held = sum(b.memory_factor for b in holders) * weights
+    limit = hold_all_bytes()
+    if held <= limit:
+        return None
+    return (
+        f"the {len(holders)} candidates that copy the weights' {weights / 1e9:.2f} GB would "
+        f"hold about {held / 1e9:.1f} GB at once, past {limit / 1e9:.1f} GB"
+    )
+
+
+def _session_variant(state: _Candidate, run: _Run, others: list[_Candidate]) -> bool:
+    """On a large model, skip a candidate that differs from another one tried only in a
+    session option (Backend.session_variant): each session holds its own copy."""
+    backend = state.backend
+    if run.large is None or backend.session_variant is None:
+        return False
+    base = next(
+        (
+            s.backend.name
+            for s in others
+            if type(s.backend) is type(backend) and s.backend.session_variant is None
+        ),
+        None,
+    )
+    if base is None:
+        return False
+    _skip(
+        state,
+        run,
+        f"not tried on a model this large: it differs from {base} only in a session option "
+        f"({backend.session_variant}) and would hold its own copy of the weights ({run.large})",
+    )
+    return True
+
+
+def _call_s(state: _Candidate, run: _Run) -> float:
+    """Seconds per call on the sample in its verification (its first call where no other)."""
+    known = run.call_estimates.get(state.backend.name)
+    if known is not None:
+        return known
+    return (state.result.first_call_ms or 1e3) / 1e3
+
+
+def _keep(state: _Candidate, run: _Run) -> None:
+    """On a large model, after a candidate that copies the weights is verified: while more
+    than KEEP_AT_ONCE such candidates are held, they are timed against each other in a few
+    interleaved rounds on the sample (a tournament: verification's own call times, taken
+    beside a conversion, put OpenVINO 1.5x behind where it was the fastest); the slowest, and
+    any CLEARLY_SLOWER than the fastest, are closed at once (`skipped`, with their times)."""
+    if run.large is None or state.backend.memory_factor <= 0:
+        return
+    with run.lock:
+        run.alive.append(state)
+        if len(run.alive) <= KEEP_AT_ONCE:
+            return
+    # Multi-threaded sessions lost 1.9x to single-threaded ones timed beside a conversion
+    # (ONNX Runtime 246 ms, 115-129 ms alone): the tournament waits for the conversions to
+    # be done. This background thread compiles nothing meanwhile, so no more is held.
+    run.converted.wait()
+    if not run.budget.limited:
+        # ... and for the rehearsals in the child: beside one, ONNX Runtime's default
+        # session (two threads) lost 2.2x where it was as fast as OpenVINO alone.
+        for other in run.states:
+            if other.rehearsal is not None:
+                with contextlib.suppress(Exception):  # its own wait says what went wrong
+                    other.rehearsal.wait(math.inf)
+    with run.lock:
+        sample = run.checks[0].inputs
+        runners = {s.backend.name: (lambda b=s.backend: b.run(sample)) for s in run.alive}
+        measured = measure_interleaved(
+            runners,
+            budget_s=TOURNAMENT_S,
+            min_rounds=3,
+            per_call_estimate_s={s.backend.name: _call_s(s, run) for s in run.alive},
+            cooldown_s={s.backend.name: s.backend.cooldown_s for s in run.alive},
+        )
+        run.progress.times.add_background(state.backend.name, measured.seconds, "tournament")
+        p50 = {name: stats.p50 for name, stats in measured.stats.items()}
+        ranked = sorted((s for s in run.alive if s.backend.name in p50),
+                        key=lambda s: p50[s.backend.name])  # fmt: skip
+        best = ranked[0].backend.name if ranked else None
+        kept = [
+            s for s in ranked[:KEEP_AT_ONCE] if p50[s.backend.name] <= CLEARLY_SLOWER * p50[best]
+        ]
+        for out in run.alive:
+            if out not in kept:
+                _drop(out, run, p50, best, measured.errors.get(out.backend.name))
+        run.alive = kept
+
+
+# Seconds of the tournament's interleaved rounds (at least 3 rounds).
+TOURNAMENT_S = 2.0
+
+
+def _drop(
+    state: _Candidate, run: _Run, p50: dict[str, float], best: str | None, error: str | None
+) -> None:
+    """Close a verified candidate that lost the tournament (or failed in it)."""
+    state.dropped = True
+    name, result = state.backend.name, state.result
+    run.contenders.pop(name, None)
+    verified = f"verified (relative error {result.max_rel_err or 0.0:.1e})"
+    if error is not None or best is None:
+        result.status = "failed"
+        result.reason = f"{verified}, then failed while timed against the others: {error}"
+    else:
+        ratio = p50[name] / p50[best]
+        rule = (
+            f"more than {CLEARLY_SLOWER:g}x"
+            if ratio > CLEARLY_SLOWER
+            else f"only the {KEEP_AT_ONCE} fastest that copy the weights are kept"
+        )
+        result.status = "skipped"
+        result.reason = (
+            f"{verified}, then closed before the measurement to hold memory: timed against "
+            f"the others held, p50 {p50[name]:.1f} ms against {best}'s {p50[best]:.1f} ms "
+            f"({ratio:.2f}x; {rule}); {run.large}"
+        )
+    run.progress.say(f"{name}: closed, {result.reason}")
+    with contextlib.suppress(Exception):  # what it held goes when it is collected
+        state.backend.close()
 
 
 def _skip(state: _Candidate, run: _Run, reason: str) -> bool:
@@ -541,6 +721,10 @@ def _after_rehearsal(state: _Candidate, run: _Run) -> None:
         give_up = run.budget.candidates_end(_contenders(run)) if run.budget.limited else math.inf
         if not _wait(state.rehearsal, give_up):
             raise _BudgetOver("during its rehearsal in the child process")
+    if run.large is not None and state.backend.memory_factor > 0:
+        # A large model's conversions hold 4-5.4x its weights each: a session compiled here
+        # meanwhile adds its copy to that peak, so it waits for them (its rehearsal went on).
+        run.converted.wait()
     if run.budget.limited and run.budget.left_s() <= run.budget.after_s(1):
         raise _BudgetOver("before its compile here")
     state.deadline = _deadline(run, isolation)  # compiling here gets the full time again
@@ -561,7 +745,14 @@ def _finish(state: _Candidate, run: _Run) -> None:
             raise _BudgetOver(f"during its {state.stage}") from None
 
     if state.future is None or _guarded(state, run, wait):
-        run.contenders[name] = state.backend
+        _contend(state, run)
+
+
+def _contend(state: _Candidate, run: _Run) -> None:
+    """A verified candidate joins the measurement, unless it was closed meanwhile (_keep)."""
+    with run.lock:
+        if not state.dropped:
+            run.contenders[state.backend.name] = state.backend
 
 
 def _wait(rehearsal: Rehearsal, give_up_at: float) -> bool:
@@ -665,6 +856,7 @@ def _first_call_and_verify(
             f"({backend.exact_reason})"
         )
     run.progress.say(f"{name}: verified (relative error {comparison.max_rel_err:.1e}{only})")
+    _keep(state, run)
 
 
 def _background_stage(
