@@ -172,19 +172,9 @@ def _tune(
         for backend, result in zip(backends, results)
         if backend.precision_note and result.status not in ("skipped", "unavailable")
     ]
-    if options.reference == "traced" and results[0].status == "mismatch":
-        results[0].reason = (
-            f"model(x) is not the reference (reference='traced'), and differs from the traced "
-            f"graph: {results[0].reason}"
-        )
+    _check_own_call(results[0], options.reference)
     kinds = [(type(b), b.name) for b in backends]
     del backends  # a rejected candidate is referenced by nobody
-    if results[0].status != "ok" and options.reference == "eager":
-        raise ModelError(
-            f"The model does not reproduce its own outputs on the same input "
-            f"({results[0].reason}); a model with randomness at inference (dropout in "
-            f"training mode, random layers) cannot be verified."
-        )
 
     by_batch = measure_batches(
         contenders, sample, results, signature, batch_sizes, options, progress, budget,
@@ -227,14 +217,7 @@ def _tune(
             "from model(x) (see the first note: reference='traced' verifies against it)"
         )
     report = _report(model, options, results, environment, selection, notes, diagnosis, times)
-    if memory.before is not None:
-        memory.sample()
-        report.memory = {
-            "before_bytes": memory.before,
-            "peak_bytes": memory.peak,
-            "weights_bytes": target.weights_measured,
-        }
-        progress.say(memory_line(report.memory))
+    report.memory = _memory(memory, target, progress)
     progress.say(f"selected {serving}: {report.selection_reason}")
     if choice.exact_shape:
         progress.say(f"every other shape: {choice.general.name}: {selection.general_reason}")
@@ -242,6 +225,38 @@ def _tune(
         progress.say(line)
     progress.say(times.summary().replace("\n  ", "; "))
     return choice, report
+
+
+def _check_own_call(result: CandidateResult, reference: str) -> None:
+    """The model's own call must reproduce the reference: with reference="eager" it is the
+    reference (a model that does not reproduce it cannot be verified); with "traced" it is a
+    candidate like any other, its mismatch said as such."""
+    if result.status == "mismatch" and reference == "traced":
+        result.reason = (
+            f"model(x) is not the reference (reference='traced'), and differs from the traced "
+            f"graph: {result.reason}"
+        )
+    if result.status != "ok" and reference == "eager":
+        raise ModelError(
+            f"The model does not reproduce its own outputs on the same input "
+            f"({result.reason}); a model with randomness at inference (dropout in "
+            f"training mode, random layers) cannot be verified."
+        )
+
+
+def _memory(memory: MemoryPeak, target: Target, progress: Progress) -> dict | None:
+    """The report's memory: what the process held before tuning, its peak with its children,
+    and the weights; None where it cannot be read here."""
+    if memory.before is None:
+        return None
+    memory.sample()
+    held = {
+        "before_bytes": memory.before,
+        "peak_bytes": memory.peak,
+        "weights_bytes": target.weights_measured,
+    }
+    progress.say(memory_line(held))
+    return held
 
 
 def _reference_kind(
