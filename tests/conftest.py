@@ -40,6 +40,19 @@ def dense_saved(tmp_path_factory):
     return opt.save(tmp_path_factory.mktemp("served") / "dense")
 
 
+@pytest.fixture(scope="module")
+def text_saved(tmp_path_factory):
+    """The tiny text classifier (a (None, 1) string input, `x`) tuned with ONNX Runtime as
+    the body and saved as `.../text`: what the serving tests send BYTES tensors to."""
+    from preprocessing_models import text_classifier, text_sample
+
+    opt = infertune.optimize(
+        text_classifier(), text_sample(4), backends=["onnxruntime-cpu"], isolation="off",
+        verbose=False,
+    )  # fmt: skip
+    return opt.save(tmp_path_factory.mktemp("served") / "text")
+
+
 def dense_model(in_dim: int = 6, out_dim: int = 3, seed: int = 0):
     import keras
 

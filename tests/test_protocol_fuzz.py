@@ -5,6 +5,8 @@ limits, a decompression bomb) must end in a 4xx with a one-line JSON message, or
 is still well-formed, in outputs of the right shapes; never in a 500 and never in an
 exception out of the parser or the replica's handler.
 
+BYTES tensors (strings) are fuzzed the same way on the text classifier's string input.
+
 Two levels: `parse_request` and `encode_response` as functions of bytes, and the handler a
 replica runs (`InferenceEndpoints`: the body streamed in chunks under the limits, parsed,
 run, answered), called with Starlette requests and a plain coroutine in place of Ray's
@@ -16,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import struct
 import zlib
 
 import numpy as np
@@ -209,6 +212,86 @@ def test_every_generated_request_ends_in_outputs_or_a_4xx(served, request):
     outputs = served.run_batch([parsed.inputs], max_samples=LIMITS.max_batch_size)[0]
     content, response_headers = encode_response("dense", served, parsed, outputs)
     _check_response(served, parsed, content, response_headers)
+
+
+# -- BYTES tensors: the text classifier's string input ----------------------------------------
+_WORDS = ["the", "cat", "dög", "mat", "", "\u2603", "a dog"]
+
+
+@st.composite
+def string_requests(draw) -> tuple[bytes, str | None]:
+    """A request for the text classifier (x: (None, 1) string) as (body, header length):
+    BYTES as JSON strings or length-prefixed binary data, then mutated in up to three ways
+    (lengths past the data, cut short or padded, numbers for strings, other datatypes and
+    shapes, huge counts, raw bytes that are not UTF-8, lone surrogates)."""
+    batch = draw(st.integers(1, 3))
+    texts = [draw(st.sampled_from(_WORDS)) for _ in range(batch)]
+    raw = [t.encode() for t in texts]
+    binary = draw(st.booleans())
+    tensor: dict = {"name": "x", "shape": [batch, 1], "datatype": "BYTES"}
+    blob = b"".join(struct.pack("<I", len(r)) + r for r in raw) if binary else b""
+    if not binary:
+        tensor["data"] = texts if draw(st.booleans()) else [[t] for t in texts]
+    header_text = None
+    for mutation in draw(st.lists(st.integers(0, 9), max_size=3)):
+        if mutation == 0:  # a length prefix anything from 0 to 2**32 - 1
+            if blob:
+                at = draw(st.integers(0, max(0, len(blob) - 4)))
+                length = draw(st.integers(0, 40) | st.sampled_from([2**31, 2**32 - 1]))
+                blob = blob[:at] + struct.pack("<I", length) + blob[at + 4 :]
+        elif mutation == 1:  # cut short or padded
+            blob = blob[: draw(st.integers(0, len(blob)))] + draw(st.binary(max_size=6))
+        elif mutation == 2:  # raw bytes that are not UTF-8: kept as sent
+            extra = draw(st.binary(min_size=1, max_size=6))
+            blob += struct.pack("<I", len(extra)) + extra
+            tensor["shape"] = [batch + 1, 1]
+        elif mutation == 3:
+            tensor["data"] = draw(_JSON)
+        elif mutation == 4:  # numbers for strings
+            tensor["data"] = draw(st.lists(st.integers(-3, 3) | st.floats(), max_size=4))
+        elif mutation == 5:
+            tensor["datatype"] = draw(st.sampled_from(_DATATYPES))
+        elif mutation == 6:
+            tensor["shape"] = draw(st.lists(_SIZES, max_size=3) | _JSON)
+        elif mutation == 7:  # a lone surrogate in a JSON string
+            tensor["data"] = ["\ud800", *texts[1:]]
+        elif mutation == 8:  # huge declared counts
+            tensor["shape"] = [draw(st.sampled_from([2**20, 2**31, 2**62, 10**30])), 1]
+        elif mutation == 9:
+            header_text = draw(st.binary(max_size=40)).decode("latin-1")
+    if blob or binary:
+        parameters = tensor.setdefault("parameters", {})
+        parameters["binary_data_size"] = draw(st.just(len(blob)) | _SIZES)
+    if header_text is not None:
+        header = header_text.encode("latin-1")
+    else:
+        header = json.dumps({"inputs": [tensor]}).encode()
+    return header + blob, str(len(header)) if (blob or binary) else None
+
+
+@pytest.fixture(scope="module")
+def text_served(text_saved):
+    return ServedModel(text_saved)
+
+
+@settings(max_examples=EXAMPLES // 2, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
+                                 HealthCheck.data_too_large])  # fmt: skip
+@given(request=string_requests())
+def test_every_generated_bytes_request_ends_in_outputs_or_a_4xx(text_served, request):
+    body, header_length = request
+    try:
+        parsed = parse_request(body, text_served, header_length, None, LIMITS)
+    except ProtocolError as exc:
+        _check_refusal(exc)
+        event(f"refused {exc.status}")
+        return
+    event("answered")
+    strings = parsed.inputs[0]
+    assert strings.dtype == object and all(isinstance(s, bytes) for s in strings.ravel())
+    outputs = text_served.run_batch([parsed.inputs], max_samples=LIMITS.max_batch_size)[0]
+    content, headers = encode_response("text", text_served, parsed, outputs)
+    _check_response(text_served, parsed, content, headers)
 
 
 # -- the replica's handler, without Ray ---------------------------------------------------------

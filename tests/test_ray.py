@@ -44,6 +44,7 @@ http = pytest.importorskip("tritonclient.http", reason='pip install "tritonclien
 from tritonclient.utils import InferenceServerException  # noqa: E402
 
 import infertune.ray  # noqa: E402
+from infertune.deploy.protocol import BINARY_HEADER  # noqa: E402
 
 # The same ONNX Runtime result on the same rows, alone or batched with others: float32
 # round-off of a 2-layer network (a few ulps), far below any real difference.
@@ -158,6 +159,75 @@ def test_deployment_checks_its_arguments_before_ray_runs_it(dense_saved, tmp_pat
         infertune.ray.deployment(dense_saved, max_decoded_mb=0)
     with pytest.raises(infertune.ArtifactError, match="has no manifest.json"):
         infertune.ray.deployment(tmp_path)
+    # A result with a string output (its manifest says so): refused by name, before Ray.
+    strings = tmp_path / "strings"
+    shutil.copytree(dense_saved, strings)
+    manifest = json.loads((strings / "manifest.json").read_text())
+    manifest["outputs"]["specs"][0]["dtype"] = "object"
+    (strings / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(infertune.ModelError, match="output 'output' is strings"):
+        infertune.ray.deployment(strings)
+
+
+# -- Ray Serve with a string input: BYTES tensors -----------------------------------------------
+def test_ray_serve_answers_bytes_tensors(local_ray, text_saved):
+    """The text classifier (a (None, 1) string input) served over HTTP: BYTES tensors from
+    tritonclient, binary (length-prefixed) and JSON, answered as Keras answers; metadata
+    says BYTES; numbers for the strings, a bad length and a body past max_decoded_mb get
+    their 4xx with the reason."""
+    import struct
+
+    from preprocessing_models import text_classifier
+    from ray import serve
+
+    port = _free_port()
+    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    try:
+        app = infertune.ray.deployment(text_saved, max_batch_size=8, max_body_mb=1,
+                                       max_decoded_mb=1 / 16)  # fmt: skip
+        serve.run(app, name="text", route_prefix="/")
+        client = http.InferenceServerClient(f"127.0.0.1:{port}")
+        metadata = client.get_model_metadata("text")
+        assert metadata["inputs"] == [{"name": "x", "datatype": "BYTES", "shape": [-1, 1]}]
+        assert metadata["outputs"] == [{"name": "output", "datatype": "FP32", "shape": [-1, 3]}]
+        texts = np.array([["the cat sat on the mat"], ["a dog ate my homework"],
+                          ["my cat and the dög"]], dtype=object)  # fmt: skip
+        # The saved chain (TensorFlow head, ONNX Runtime body) against Keras: round-off.
+        expected = np.asarray(text_classifier()(texts.astype(str)))
+        for binary in (True, False):
+            tensor = http.InferInput("x", [3, 1], "BYTES")
+            tensor.set_data_from_numpy(texts, binary_data=binary)
+            got = client.infer("text", [tensor]).as_numpy("output")
+            np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6, err_msg=str(binary))
+        client.close()
+
+        numbers = {"inputs": [{"name": "x", "shape": [1, 1], "datatype": "FP32", "data": [1]}]}
+        blob = struct.pack("<I", 99) + b"the cat"  # a length past the bytes that follow
+        header = json.dumps(
+            {
+                "inputs": [
+                    {
+                        "name": "x",
+                        "shape": [1, 1],
+                        "datatype": "BYTES",
+                        "parameters": {"binary_data_size": len(blob)},
+                    }
+                ]
+            }
+        )
+        large = {"inputs": [{"name": "x", "shape": [1, 1], "datatype": "BYTES",
+                             "data": ["word " * 20_000]}]}  # fmt: skip
+        for body, headers, status, reason in [
+            (json.dumps(numbers).encode(), {}, 400, "the model takes strings there: send "
+             "datatype BYTES"),
+            (header.encode() + blob, {BINARY_HEADER: str(len(header))}, 400,
+             "string 0 of 1 declares 99 bytes, but only 7"),
+            (json.dumps(large).encode(), {}, 413, "max_decoded_mb"),
+        ]:  # fmt: skip
+            got_status, answer, _ = _post(port, body, headers, name="text")
+            assert got_status == status and reason in json.loads(answer)["error"], answer[:300]
+    finally:
+        serve.shutdown()
 
 
 # -- Ray Data -----------------------------------------------------------------------------------
@@ -220,6 +290,11 @@ def test_ray_serve_answers_tritonclient_in_batches(local_ray, dense_saved):
 
         with pytest.raises(InferenceServerException, match=r"\[400\].*'x' has shape \(1, 5\)"):
             _infer(url, x[:1, :5])
+        strings = {"inputs": [{"name": "x", "shape": [1, 6], "datatype": "BYTES",
+                               "data": ["a"] * 6}]}  # fmt: skip
+        status, body, _ = _post(port, json.dumps(strings).encode(), {})
+        assert status == 400 and "the model takes numbers there: send datatype FP32" in \
+            json.loads(body)["error"], body  # fmt: skip
         np.testing.assert_allclose(_infer(url, x[:2]), got[:2], rtol=RTOL, atol=ATOL)
         client.close()
     finally:
@@ -305,12 +380,13 @@ def _resident_mib(pid: int) -> float:
     raise AssertionError(f"no VmRSS for process {pid}")
 
 
-def _post(port: int, body: bytes, headers: dict[str, str], timeout_s: float = 60):
+def _post(port: int, body: bytes, headers: dict[str, str], timeout_s: float = 60,
+          name: str = "dense"):  # fmt: skip
     """One POST to the model's infer endpoint on its own connection: (status, body, the
     length of the response's JSON header)."""
     connection = HTTPConnection("127.0.0.1", port, timeout=timeout_s)
     try:
-        connection.request("POST", "/v2/models/dense/infer", body=body, headers=headers)
+        connection.request("POST", f"/v2/models/{name}/infer", body=body, headers=headers)
         response = connection.getresponse()
         length = int(response.getheader("Inference-Header-Content-Length") or 0)
         return response.status, response.read(), length

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import gzip
 import json
+import struct
 import subprocess
 import sys
 import tracemalloc
@@ -16,12 +17,14 @@ import zlib
 import numpy as np
 import pytest
 from conftest import dense_model, dict_model, dict_sample
+from preprocessing_models import text_classifier
 
 import infertune
 from infertune.deploy.protocol import (
     BINARY_HEADER,
     Limits,
     ProtocolError,
+    check_outputs,
     encode_response,
     model_metadata,
     parse_request,
@@ -29,7 +32,7 @@ from infertune.deploy.protocol import (
     route,
 )
 from infertune.deploy.ray_data import Predictor
-from infertune.deploy.served import ServedModel
+from infertune.deploy.served import ServedModel, TensorSpec
 
 # Outputs of the same ONNX Runtime result on the same inputs, batched or not: float32
 # round-off of a 2-layer network (a few ulps), far below any real difference.
@@ -147,7 +150,8 @@ def test_json_and_binary_requests_and_responses(dense_saved):
         ({"inputs": [{"name": "x", "shape": [1, 6], "datatype": "FP32", "data": [0] * 5}]},
          "has 5 values in its data; its shape"),
         ({"inputs": [{"name": "x", "shape": [1, 6], "datatype": "BYTES", "data": ["a"] * 6}]},
-         "BYTES tensors"),
+         r"'x' has datatype BYTES \(strings\); the model takes numbers there: send datatype "
+         "FP32"),
         ({"inputs": [{"name": "x", "shape": [1, 6], "datatype": "FP32",
                       "data": ["a"] * 6}]}, "its data are not FP32 values"),
         ({"inputs": [{"name": "x", "shape": [1, 6], "datatype": "FP32",
@@ -163,6 +167,121 @@ def test_a_malformed_request_is_refused_with_the_reason(dense_saved, request_jso
     with pytest.raises(ProtocolError, match=reason) as info:
         parse_request(body.encode(), model)
     assert info.value.status == 400
+
+
+# -- BYTES tensors: string inputs -------------------------------------------------------------
+# The text classifier's outputs through the saved chain (TensorFlow head, ONNX Runtime body)
+# against Keras on the same strings: float32 round-off of an embedding average and a Dense.
+TEXT_RTOL, TEXT_ATOL = 1e-5, 1e-6
+TEXTS = ["the cat sat on the mat", "a dog ate my homework", "my cat and the dög"]
+
+
+def bytes_blob(strings: list[bytes]) -> bytes:
+    """A BYTES tensor's binary data, as tritonclient writes it: each string's length (4
+    bytes, little-endian), then its bytes."""
+    return b"".join(struct.pack("<I", len(s)) + s for s in strings)
+
+
+def binary_request(blob: bytes, shape: list[int], size: int | None = None) -> tuple[bytes, str]:
+    header = json.dumps({
+        "inputs": [{"name": "x", "shape": shape, "datatype": "BYTES",
+                    "parameters": {"binary_data_size": len(blob) if size is None else size}}],
+        "parameters": {"binary_data_output": True},
+    }).encode()  # fmt: skip
+    return header + blob, str(len(header))
+
+
+def test_string_inputs_as_json_and_binary_bytes_tensors(text_saved):
+    model = ServedModel(text_saved)
+    metadata = model_metadata(model, "text")
+    assert metadata["inputs"] == [{"name": "x", "datatype": "BYTES", "shape": [-1, 1]}]
+    assert metadata["outputs"] == [{"name": "output", "datatype": "FP32", "shape": [-1, 3]}]
+    expected = np.asarray(text_classifier()(np.array([[t] for t in TEXTS])))
+
+    # JSON: a flat list of strings, row-major; they reach the model as UTF-8 bytes
+    tensor = {"name": "x", "shape": [3, 1], "datatype": "BYTES", "data": TEXTS}
+    request = parse_request(json.dumps({"inputs": [tensor]}).encode(), model)
+    assert request.inputs[0].dtype == object and request.inputs[0][2, 0] == TEXTS[2].encode()
+    content, _ = encode_response("text", model, request, model.run(request.inputs))
+    output = json.loads(content)["outputs"][0]
+    assert output["datatype"] == "FP32" and output["shape"] == [3, 3]
+    np.testing.assert_allclose(np.reshape(output["data"], (3, 3)), expected,
+                               rtol=TEXT_RTOL, atol=TEXT_ATOL)  # fmt: skip
+
+    # binary: length-prefixed bytes, binary outputs; a string that is not UTF-8 kept raw
+    body, length = binary_request(bytes_blob([t.encode() for t in TEXTS]), [3, 1])
+    request = parse_request(body, model, length)
+    content, headers = encode_response("text", model, request, model.run(request.inputs))
+    split = int(headers[BINARY_HEADER])
+    got = np.frombuffer(content[split:], dtype="<f4").reshape(3, 3)
+    np.testing.assert_allclose(got, expected, rtol=TEXT_RTOL, atol=TEXT_ATOL)
+    body, length = binary_request(bytes_blob([b"\xff\xfe cat", b""]), [2, 1])
+    request = parse_request(body, model, length)
+    assert request.inputs[0].tolist() == [[b"\xff\xfe cat"], [b""]]
+    assert np.isfinite(model.run(request.inputs)[0]).all()
+
+
+def _text(data=None, datatype="BYTES", shape=(2, 1)) -> dict:
+    data = ["the cat", "a dog"] if data is None else data
+    return {"inputs": [{"name": "x", "shape": list(shape), "datatype": datatype, "data": data}]}
+
+
+_TWO = [b"the cat", b"a dog"]
+
+
+@pytest.mark.parametrize(
+    ("request_json", "binary", "reason", "status"),
+    [
+        (_text([1.5, 2.5], "FP32"), None,
+         r"'x' has datatype FP32; the model takes strings there: send datatype BYTES "
+         r"\(x: \(None, 1\) string\)", 400),
+        (_text([1, 2]), None, "its data are not BYTES values: value 0 is 1, not a string", 400),
+        (_text(["a"]), None, r"'x' has 1 values in its data; its shape \[2, 1\] needs 2", 400),
+        (_text(["a", "b", "c"]), None, "has more than 2 values in its data", 400),
+        (_text(["a", "\ud800"]), None, "string 1 of its data is not valid Unicode", 400),
+        (_text(shape=(2, 2)), None, r"'x' has shape \(2, 2\); the model takes", 400),
+        (_text(["x" * 40_000] * 2), None, r"The request body is \d+ bytes, more than 0.0625 MiB"
+         ".*max_decoded_mb", 413),
+        # within the body's limit as JSON, past it as strings of 4 bytes and their bytes
+        (_text(["a"] * 15_000, shape=(15_000, 1)), None, r"'x' \(BYTES, shape \[15000, 1\]\) "
+         "is 75000 bytes, more than 0.0625 MiB.*max_decoded_mb", 413),
+        (_text(shape=(2**40, 1)), None, r"is at least 4398046511104 bytes \(a 4-byte length "
+         r"per string\), more than", 413),
+        (_text(shape=(2**62, 1)), None, r"is more than 2\*\*64 bytes \(a 4-byte length", 413),
+        (None, (bytes_blob(_TWO)[:-1], None),
+         "string 1 of 2 declares 5 bytes, but only 4 bytes of its binary_data_size are left",
+         400),
+        (None, (struct.pack("<I", 2**32 - 1) + bytes_blob(_TWO)[4:], None),
+         "string 0 of 2 declares 4294967295 bytes, but only 16", 400),
+        (None, (bytes_blob(_TWO)[:13], None), r"end inside the 4-byte length of string 1 of 2 "
+         r"\(2 bytes left\)", 400),
+        (None, (bytes_blob(_TWO) + b"!", None), "its 2 strings take 20 bytes of binary data; its "
+         r"binary_data_size is 21 \(1 bytes after the last string\)", 400),
+        (None, (b"abc", None), r"needs at least 8 bytes of binary data \(a 4-byte length before "
+         r"each of its 2 strings\); its binary_data_size is 3", 400),
+        (None, (bytes_blob(_TWO), 30), "binary_data_size 30, but only 20 bytes", 400),
+    ],
+)  # fmt: skip
+def test_a_malformed_bytes_request_is_refused_with_the_reason(
+    text_saved, request_json, binary, reason, status
+):
+    model = ServedModel(text_saved)
+    limits = Limits(max_body_mb=1, max_decoded_mb=1 / 16, max_batch_size=None)
+    if binary is None:
+        body, length = json.dumps(request_json, separators=(",", ":")).encode(), None
+    else:
+        body, length = binary_request(binary[0], [2, 1], binary[1])
+    with pytest.raises(ProtocolError, match=reason) as info:
+        parse_request(body, model, length, limits=limits)
+    assert info.value.status == status
+
+
+def test_string_outputs_are_refused_by_name():
+    check_outputs([TensorSpec("probs", np.dtype("float32"), (None, 3))])
+    with pytest.raises(infertune.ModelError, match=r"output 'label' is strings.*BYTES outputs "
+                       "are not supported"):  # fmt: skip
+        check_outputs([TensorSpec("probs", np.dtype("float32"), (None, 3)),
+                       TensorSpec("label", np.dtype(object), (None,))])  # fmt: skip
 
 
 # -- the Ray Data Predictor, called as map_batches calls it -----------------------------------

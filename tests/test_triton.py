@@ -156,3 +156,18 @@ def test_command_line_exports_for_the_python_backend(tmp_path, capsys):
     assert code == 0 and "(python)" in capsys.readouterr().out
     config = parse(tmp_path / "repo" / "dense" / "config.pbtxt")
     assert config.backend == "python" and config.max_batch_size == 8
+
+
+def test_a_string_model_exports_for_the_python_backend_only(text_saved, tmp_path):
+    """The text classifier (split: TensorFlow head, ONNX Runtime body): no one Triton
+    backend runs it, so the default export is refused with the reason; the Python backend
+    takes it, its string input a TYPE_STRING tensor (BYTES on the wire)."""
+    from infertune.deploy.triton import export_saved
+
+    with pytest.raises(infertune.ExportError, match=r"backend='python'\) serves it"):
+        export_saved(text_saved, tmp_path, "text")
+    export_saved(text_saved, tmp_path, "text", backend="python")
+    config = parse(tmp_path / "text" / "config.pbtxt")
+    assert config.backend == "python" and config.max_batch_size == 32
+    assert tensors(config.input) == {"x": ("TYPE_STRING", [1])}
+    assert tensors(config.output) == {"output": ("TYPE_FP32", [3])}

@@ -24,7 +24,8 @@ class TensorSpec:
 
     def describe(self) -> str:
         dims = ", ".join("None" if d is None else str(d) for d in self.shape)
-        return f"{self.name}: ({dims}{',' if len(self.shape) == 1 else ''}) {self.dtype.name}"
+        kind = "string" if self.dtype.kind == "O" else self.dtype.name
+        return f"{self.name}: ({dims}{',' if len(self.shape) == 1 else ''}) {kind}"
 
     def to_dict(self) -> dict:
         return {"name": self.name, "dtype": self.dtype.name, "shape": list(self.shape)}

@@ -12,7 +12,12 @@ Endpoints (NAME is the served model's name, version "1" the only one):
 Tensors travel as JSON (`"data"`: the values, flat or nested, row-major) or with Triton's
 binary tensor data extension: the JSON header is followed by the raw little-endian bytes of
 each input whose `parameters` has `binary_data_size`, and the request's
-`Inference-Header-Content-Length` header says where the JSON ends. Outputs come back binary
+`Inference-Header-Content-Length` header says where the JSON ends. A string input (a model's
+`tf.string` input, dtype object here) is a BYTES tensor: as JSON, its strings; as binary
+data, each element's length (4 bytes, little-endian) followed by its bytes, as tritonclient
+writes them. Its strings reach the model as bytes (JSON strings encoded as UTF-8; binary
+ones as sent, UTF-8 or not). Outputs are numbers: a model with string outputs is refused
+(`check_outputs`). Outputs come back binary
 where the request asks for it (`parameters.binary_data` on an output, or
 `binary_data_output` on the request, as tritonclient sends by default). A request compressed
 with `Content-Encoding: gzip` or `deflate` is decompressed.
@@ -34,6 +39,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import struct
 import zlib
 from collections import Counter
 from collections.abc import AsyncIterator, Sequence
@@ -41,7 +47,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..errors import InputError
+from ..errors import InputError, ModelError
 from .served import ServedModel, TensorSpec, check_shape
 
 __all__ = [
@@ -50,6 +56,7 @@ __all__ = [
     "InferenceStatistics",
     "Limits",
     "ProtocolError",
+    "check_outputs",
     "datatype",
     "encode_response",
     "error_body",
@@ -78,10 +85,10 @@ _DATATYPES = {
     "FP64": np.dtype("<f8"),
 }
 _NAMES = {dtype.name: name for name, dtype in _DATATYPES.items()}
-_UNSUPPORTED = {
-    "BYTES": "BYTES tensors (strings) are not supported: the model takes numbers",
-    "BF16": "BF16 tensors are not supported: send FP32",
-}
+_NAMES["object"] = "BYTES"  # a string tensor (tf.string), as infertune holds it
+_UNSUPPORTED = {"BF16": "BF16 tensors are not supported: send FP32"}
+# A BYTES element's size: its length (4 bytes, as the binary form writes it) and its bytes.
+_LENGTH = struct.Struct("<I")
 
 
 class ProtocolError(InputError):
@@ -95,6 +102,20 @@ class ProtocolError(InputError):
 def datatype(dtype: np.dtype) -> str:
     """The protocol's name for a numpy dtype ("FP32" for float32)."""
     return _NAMES[np.dtype(dtype).name]
+
+
+def check_outputs(outputs: Sequence[TensorSpec]) -> None:
+    """Raises ModelError where the model has string outputs: the server sends numbers only."""
+    strings = [spec.name for spec in outputs if spec.dtype.kind == "O"]
+    if strings:
+        raise ModelError(
+            f"The model's output{'s' if len(strings) > 1 else ''} "
+            f"{', '.join(map(repr, strings))} {'are' if len(strings) > 1 else 'is'} strings: "
+            f"infertune's Open Inference Protocol server sends numeric outputs only (BYTES "
+            f"outputs are not supported). Serve a model whose outputs are numbers (keep the "
+            f"string postprocessing, e.g. StringLookup(invert=True), in the client), or call "
+            f"the result from Python (infertune.load)."
+        )
 
 
 def error_body(message: str) -> bytes:
@@ -410,13 +431,24 @@ def _input_array(
     kind = tensor.get("datatype")
     if isinstance(kind, str) and kind in _UNSUPPORTED:
         raise ProtocolError(f"Input '{name}': {_UNSUPPORTED[kind]}.")
-    if not isinstance(kind, str) or kind not in _DATATYPES:
+    if not isinstance(kind, str) or (kind not in _DATATYPES and kind != "BYTES"):
         raise ProtocolError(
             f"Input '{name}' has datatype {_short(repr(kind))}; expected one of "
-            f"{', '.join(_DATATYPES)} (the model takes {datatype(spec.dtype)})."
+            f"{', '.join(_DATATYPES)}, BYTES (the model takes {datatype(spec.dtype)})."
         )
-    dtype = _DATATYPES[kind]
-    if dtype != spec.dtype:
+    strings = spec.dtype.kind == "O"
+    if strings and kind != "BYTES":
+        raise ProtocolError(
+            f"Input '{name}' has datatype {kind}; the model takes strings there: send datatype "
+            f"BYTES ({spec.describe()})."
+        )
+    if kind == "BYTES" and not strings:
+        raise ProtocolError(
+            f"Input '{name}' has datatype BYTES (strings); the model takes numbers there: send "
+            f"datatype {datatype(spec.dtype)} ({spec.describe()})."
+        )
+    dtype = None if strings else _DATATYPES[kind]
+    if dtype is not None and dtype != spec.dtype:
         raise ProtocolError(
             f"Input '{name}' has dtype {dtype.name}; the model takes {spec.dtype.name} "
             f"(datatype {datatype(spec.dtype)}; {spec.describe()})."
@@ -434,30 +466,45 @@ def _input_array(
         raise ProtocolError(
             f"Input '{name}' has shape {shape}: no values. Every dimension must be at least 1."
         )
-    nbytes = count * dtype.itemsize
+    # A string costs its length (4 bytes) and its bytes: at least 4 bytes, counted here.
+    nbytes = count * (_LENGTH.size if dtype is None else dtype.itemsize)
     if nbytes > limits.decoded_bytes:
         # str() of an int stops at 4300 digits: a shape of JSON's largest ints passes that.
         size = f"{nbytes} bytes" if nbytes < 2**64 else "more than 2**64 bytes"
+        if dtype is None:  # 4 bytes per string's length, and its bytes
+            size = f"{'at least ' if nbytes < 2**64 else ''}{size} (a 4-byte length per string)"
         _raise_decoded_limit(limits, f"Input '{name}' ({kind}, shape {_short(shape)}) is {size},")
     parameters = _parameters(tensor, f"Input '{name}' has parameters")
     if "shared_memory_region" in parameters:
         raise ProtocolError(f"Input '{name}': shared memory is not supported; send the data.")
     size = parameters.get("binary_data_size")
     if size is not None:
-        if isinstance(size, bool) or not isinstance(size, int) or size != nbytes:
+        if (
+            isinstance(size, bool)
+            or not isinstance(size, int)
+            or (size != nbytes if dtype is not None else size < nbytes)
+        ):
+            needs = f"{nbytes} bytes of binary data" if dtype is not None else (
+                f"at least {nbytes} bytes of binary data (a 4-byte length before each of its "
+                f"{count} strings)"
+            )  # fmt: skip
             raise ProtocolError(
-                f"Input '{name}' ({kind}, shape {shape}) needs {nbytes} bytes of binary data; "
-                f"its binary_data_size is {_short(repr(size))}."
+                f"Input '{name}' ({kind}, shape {shape}) needs {needs}; its "
+                f"binary_data_size is {_short(repr(size))}."
             )
         if offset + size > len(binary):
             raise ProtocolError(
                 f"Input '{name}' has binary_data_size {size}, but only {len(binary) - offset} "
                 f"bytes of binary data are left in the request."
             )
+        if dtype is None:
+            return name, _binary_strings(name, binary[offset : offset + size], count, shape), size
         array = np.frombuffer(binary[offset : offset + size], dtype=dtype).reshape(shape)
         return name, array.astype(dtype.newbyteorder("="), copy=False), size
     if "data" not in tensor:
         raise ProtocolError(f"Input '{name}' has neither \"data\" nor binary_data_size.")
+    if dtype is None:
+        return name, _json_strings(name, tensor["data"], count, shape, limits), 0
     # The data are already parsed JSON, inside the decoded limit: the array is no larger.
     try:
         array = np.array(tensor["data"], dtype=dtype)
@@ -470,6 +517,83 @@ def _input_array(
             f"Input '{name}' has {array.size} values in its data; its shape {shape} needs {count}."
         )
     return name, array.reshape(shape), 0
+
+
+def _binary_strings(name: str, data: memoryview, count: int, shape: list[int]) -> np.ndarray:
+    """The `count` strings of a BYTES tensor's binary data (each a 4-byte little-endian
+    length, then that many bytes), as bytes, exactly as sent. Every length is checked against
+    the bytes left before any is copied; `data` must hold exactly the `count` strings."""
+    strings = np.empty(count, dtype=object)
+    position, end = 0, len(data)
+    for index in range(count):
+        if end - position < _LENGTH.size:
+            raise ProtocolError(
+                f"Input '{name}' (BYTES, shape {shape}): its binary data end inside the 4-byte "
+                f"length of string {index} of {count} ({end - position} bytes left). Each "
+                f"string is its length (4 bytes, little-endian), then its bytes."
+            )
+        (length,) = _LENGTH.unpack_from(data, position)
+        position += _LENGTH.size
+        if length > end - position:
+            raise ProtocolError(
+                f"Input '{name}' (BYTES, shape {shape}): string {index} of {count} declares "
+                f"{length} bytes, but only {end - position} bytes of its binary_data_size are "
+                f"left. Each string is its length (4 bytes, little-endian), then its bytes."
+            )
+        strings[index] = bytes(data[position : position + length])
+        position += length
+    if position != end:
+        raise ProtocolError(
+            f"Input '{name}' (BYTES, shape {shape}): its {count} strings take {position} bytes "
+            f"of binary data; its binary_data_size is {end} ({end - position} bytes after the "
+            f"last string)."
+        )
+    return strings.reshape(shape)
+
+
+def _json_strings(
+    name: str, data: object, count: int, shape: list[int], limits: Limits
+) -> np.ndarray:
+    """A BYTES tensor's JSON data (strings, in a flat or nested list, row-major) as bytes
+    (UTF-8), its size (4 bytes and its bytes per string) within `limits.max_decoded_mb`."""
+    found: list[bytes] = []
+    pending = [data]  # a stack (no recursion: the JSON may be nested as deep as it parsed)
+    nbytes = 0
+    while pending:
+        value = pending.pop()
+        if isinstance(value, list):
+            pending.extend(reversed(value))
+            continue
+        if not isinstance(value, str):
+            raise ProtocolError(
+                f"Input '{name}': its data are not BYTES values: value {len(found)} is "
+                f"{_short(json.dumps(value), 60)}, not a string. BYTES data are strings "
+                f"(JSON), or binary data."
+            )
+        if len(found) == count:  # one more than the shape holds: counted, not kept
+            found.append(b"")
+            break
+        try:
+            encoded = value.encode("utf-8")
+        except UnicodeEncodeError:  # a lone surrogate ("\ud800"), which JSON allows
+            raise ProtocolError(
+                f"Input '{name}': string {len(found)} of its data is not valid Unicode (a lone "
+                f"surrogate escape); send it as binary data to pass raw bytes."
+            ) from None
+        nbytes += _LENGTH.size + len(encoded)
+        found.append(encoded)
+    if nbytes > limits.decoded_bytes:
+        _raise_decoded_limit(
+            limits, f"Input '{name}' (BYTES, shape {_short(shape)}) is {nbytes} bytes,"
+        )
+    if len(found) != count:
+        many = f"more than {count}" if len(found) > count else str(len(found))
+        raise ProtocolError(
+            f"Input '{name}' has {many} values in its data; its shape {shape} needs {count}."
+        )
+    strings = np.empty(count, dtype=object)
+    strings[:] = found
+    return strings.reshape(shape)
 
 
 def _parameters(holder: dict, words: str) -> dict:

@@ -37,6 +37,7 @@ from .protocol import (
     InferenceStatistics,
     Limits,
     ProtocolError,
+    check_outputs,
     encode_response,
     error_body,
     model_metadata,
@@ -45,7 +46,7 @@ from .protocol import (
     route,
     server_metadata,
 )
-from .served import ServedModel
+from .served import ServedModel, TensorSpec
 
 __all__ = [
     "InferenceEndpoints",
@@ -80,6 +81,7 @@ class InferenceEndpoints:
         limits: Limits,
         run: Callable[[list[np.ndarray]], Awaitable[list[np.ndarray]]],
     ):
+        check_outputs(model.outputs)  # numeric outputs only: a string one is refused here, named
         self.model = model
         self.name = name
         self.limits = limits
@@ -202,7 +204,9 @@ def deployment(
             stops there and the request gets 413. Default 64.
     """
     path = user_path(path).resolve()
-    read_manifest(path)  # a wrong path fails here, not in every replica (and gives N below)
+    manifest = read_manifest(path)  # a wrong path fails here, not in every replica
+    # What every replica would refuse (string outputs), said before Ray runs it.
+    check_outputs([TensorSpec.from_dict(spec) for spec in manifest["outputs"].get("specs", [])])
     name = served_name(path, name)
     for option, value in (("max_batch_size", max_batch_size), ("num_replicas", num_replicas)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -220,7 +224,7 @@ def deployment(
     limits = Limits(float(max_body_mb), float(max_decoded_mb), max_batch_size)
     # The batches the result was tuned to run at once, and one more filling meanwhile: room
     # for that many batches of requests per replica.
-    concurrency = read_manifest(path)["options"].get("concurrency", 1)
+    concurrency = manifest["options"].get("concurrency", 1)
     return OpenInferenceServer.options(
         num_replicas=num_replicas, max_ongoing_requests=(concurrency + 1) * max_batch_size
     ).bind(str(path), name, max_batch_size, float(batch_wait_timeout_s), limits)
