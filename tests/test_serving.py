@@ -21,6 +21,7 @@ from preprocessing_models import text_classifier
 
 import infertune
 from infertune.deploy.protocol import (
+    _STRING_HELD,
     BINARY_HEADER,
     Limits,
     ProtocolError,
@@ -242,12 +243,16 @@ _TWO = [b"the cat", b"a dog"]
         (_text(shape=(2, 2)), None, r"'x' has shape \(2, 2\); the model takes", 400),
         (_text(["x" * 40_000] * 2), None, r"The request body is \d+ bytes, more than 0.0625 MiB"
          ".*max_decoded_mb", 413),
-        # within the body's limit as JSON, past it as strings of 4 bytes and their bytes
-        (_text(["a"] * 15_000, shape=(15_000, 1)), None, r"'x' \(BYTES, shape \[15000, 1\]\) "
-         "is 75000 bytes, more than 0.0625 MiB.*max_decoded_mb", 413),
-        (_text(shape=(2**40, 1)), None, r"is at least 4398046511104 bytes \(a 4-byte length "
-         r"per string\), more than", 413),
-        (_text(shape=(2**62, 1)), None, r"is more than 2\*\*64 bytes \(a 4-byte length", 413),
+        # within the body's limit as JSON, past it as the bytes objects the server holds:
+        # by their count before any is read, then with their bytes
+        (_text(["a"] * 2_000, shape=(2_000, 1)), None, r"'x' \(BYTES, shape \[2000, 1\]\) "
+         rf"is at least {2_000 * _STRING_HELD} bytes held \({_STRING_HELD} bytes per string "
+         r"besides its own\), more than 0.0625 MiB.*max_decoded_mb", 413),
+        (_text(["x" * 30] * 1_000, shape=(1_000, 1)), None,
+         rf"is {1_000 * (_STRING_HELD + 30)} bytes held", 413),
+        (_text(shape=(2**40, 1)), None, rf"is at least {2**40 * _STRING_HELD} bytes held "
+         rf"\({_STRING_HELD} bytes per string besides its own\), more than", 413),
+        (_text(shape=(2**62, 1)), None, r"is more than 2\*\*64 bytes held", 413),
         (None, (bytes_blob(_TWO)[:-1], None),
          "string 1 of 2 declares 5 bytes, but only 4 bytes of its binary_data_size are left",
          400),
@@ -274,6 +279,19 @@ def test_a_malformed_bytes_request_is_refused_with_the_reason(
     with pytest.raises(ProtocolError, match=reason) as info:
         parse_request(body, model, length, limits=limits)
     assert info.value.status == status
+
+
+def test_many_short_binary_strings_count_what_the_server_holds(text_saved):
+    # 1,000 strings of 30 bytes: 34,000 bytes on the wire, within the 64 KiB limit, but each
+    # is a bytes object the server holds: 1,000 * (_STRING_HELD + 30) bytes, past it.
+    model = ServedModel(text_saved)
+    limits = Limits(max_body_mb=1, max_decoded_mb=1 / 16, max_batch_size=None)
+    body, length = binary_request(bytes_blob([b"x" * 30] * 1_000), [1_000, 1])
+    assert len(body) < limits.decoded_bytes
+    held = 1_000 * (_STRING_HELD + 30)
+    with pytest.raises(ProtocolError, match=rf"is {held} bytes held") as info:
+        parse_request(body, model, length, limits=limits)
+    assert info.value.status == 413
 
 
 def test_string_outputs_are_refused_by_name():

@@ -40,6 +40,7 @@ import json
 import math
 import re
 import struct
+import sys
 import zlib
 from collections import Counter
 from collections.abc import AsyncIterator, Sequence
@@ -87,8 +88,12 @@ _DATATYPES = {
 _NAMES = {dtype.name: name for name, dtype in _DATATYPES.items()}
 _NAMES["object"] = "BYTES"  # a string tensor (tf.string), as infertune holds it
 _UNSUPPORTED = {"BF16": "BF16 tensors are not supported: send FP32"}
-# A BYTES element's size: its length (4 bytes, as the binary form writes it) and its bytes.
+# A BYTES element's length, as the binary form writes it: 4 bytes, little-endian.
 _LENGTH = struct.Struct("<I")
+# What the server holds for each string beside its bytes: a Python bytes object's header and
+# its pointer in the object array (41 bytes on CPython 3.11). The decoded-size limit counts
+# it, so that a request of many short strings cannot grow a replica past max_decoded_mb.
+_STRING_HELD = sys.getsizeof(b"") + np.dtype(object).itemsize
 
 
 class ProtocolError(InputError):
@@ -466,14 +471,19 @@ def _input_array(
         raise ProtocolError(
             f"Input '{name}' has shape {shape}: no values. Every dimension must be at least 1."
         )
-    # A string costs its length (4 bytes) and its bytes: at least 4 bytes, counted here.
-    nbytes = count * (_LENGTH.size if dtype is None else dtype.itemsize)
-    if nbytes > limits.decoded_bytes:
+    # A string is held as a bytes object (_STRING_HELD) and its bytes: at least the former.
+    held = count * (_STRING_HELD if dtype is None else dtype.itemsize)
+    if held > limits.decoded_bytes:
         # str() of an int stops at 4300 digits: a shape of JSON's largest ints passes that.
-        size = f"{nbytes} bytes" if nbytes < 2**64 else "more than 2**64 bytes"
-        if dtype is None:  # 4 bytes per string's length, and its bytes
-            size = f"{'at least ' if nbytes < 2**64 else ''}{size} (a 4-byte length per string)"
+        size = f"{held} bytes" if held < 2**64 else "more than 2**64 bytes"
+        if dtype is None:
+            size = (
+                f"{'at least ' if held < 2**64 else ''}{size} held ({_STRING_HELD} bytes per "
+                f"string besides its own)"
+            )
         _raise_decoded_limit(limits, f"Input '{name}' ({kind}, shape {_short(shape)}) is {size},")
+    # The wire form of a string: its length (4 bytes) and its bytes.
+    nbytes = count * (_LENGTH.size if dtype is None else dtype.itemsize)
     parameters = _parameters(tensor, f"Input '{name}' has parameters")
     if "shared_memory_region" in parameters:
         raise ProtocolError(f"Input '{name}': shared memory is not supported; send the data.")
@@ -498,6 +508,13 @@ def _input_array(
                 f"bytes of binary data are left in the request."
             )
         if dtype is None:
+            held = count * _STRING_HELD + size - count * _LENGTH.size
+            if held > limits.decoded_bytes:
+                _raise_decoded_limit(
+                    limits,
+                    f"Input '{name}' (BYTES, shape {_short(shape)}) is {held} bytes held "
+                    f"({_STRING_HELD} bytes per string besides its own),",
+                )
             return name, _binary_strings(name, binary[offset : offset + size], count, shape), size
         array = np.frombuffer(binary[offset : offset + size], dtype=dtype).reshape(shape)
         return name, array.astype(dtype.newbyteorder("="), copy=False), size
@@ -555,7 +572,8 @@ def _json_strings(
     name: str, data: object, count: int, shape: list[int], limits: Limits
 ) -> np.ndarray:
     """A BYTES tensor's JSON data (strings, in a flat or nested list, row-major) as bytes
-    (UTF-8), its size (4 bytes and its bytes per string) within `limits.max_decoded_mb`."""
+    (UTF-8), what they hold (_STRING_HELD and its bytes per string) within
+    `limits.max_decoded_mb`."""
     found: list[bytes] = []
     pending = [data]  # a stack (no recursion: the JSON may be nested as deep as it parsed)
     nbytes = 0
@@ -580,11 +598,13 @@ def _json_strings(
                 f"Input '{name}': string {len(found)} of its data is not valid Unicode (a lone "
                 f"surrogate escape); send it as binary data to pass raw bytes."
             ) from None
-        nbytes += _LENGTH.size + len(encoded)
+        nbytes += _STRING_HELD + len(encoded)
         found.append(encoded)
     if nbytes > limits.decoded_bytes:
         _raise_decoded_limit(
-            limits, f"Input '{name}' (BYTES, shape {_short(shape)}) is {nbytes} bytes,"
+            limits,
+            f"Input '{name}' (BYTES, shape {_short(shape)}) is {nbytes} bytes held ({_STRING_HELD} "
+            f"bytes per string besides its own),",
         )
     if len(found) != count:
         many = f"more than {count}" if len(found) > count else str(len(found))
