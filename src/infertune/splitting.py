@@ -86,15 +86,9 @@ class Split:
         """Where the model was split and why, in one line (for the report)."""
         return (
             f"split after its preprocessing: {', '.join(self.head_layers)} run in TensorFlow "
-            f"(converters reject their lookup tables, strings, bucketizing or bincounts); "
-            f"the body from "
-            f"{self.body_signature.describe()} goes to every converting candidate, each "
+            f"(no converter takes their lookup tables, strings or string hashing); the body "
+            f"from {self.body_signature.describe()} goes to every converting candidate, each "
             f"named tf-head+<candidate> and verified end to end against the whole model"
-            + (
-                ""
-                if self.strings
-                else " (the whole model stays a candidate of each: a converter may take it)"
-            )
         )
 
 

@@ -8,7 +8,6 @@ and writes the report.
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
 from typing import Any
 
@@ -73,29 +72,16 @@ def candidates(
     """The reference (the model's own call) first, then the requested (or all registered)
     backends, each a new instance.
 
-    Where the model is split (`split`), each candidate that converts the model gets a chain
-    (TfHeadChain: the TensorFlow head, then the body on that candidate), after the candidates
-    of the whole model. The whole model stays a candidate too unless it takes strings (which
-    no converter takes): a converter may take the head's layers whole (where it has an op
-    for what they hold), and the whole model then runs without the head's TensorFlow call,
-    0.1-0.2 ms. Where the model takes strings and cannot
-    be split (`unsplit` says why), the converting candidates are skipped with that reason."""
+    Where the model is split (`split`), each candidate that converts the model is replaced by
+    a chain (TfHeadChain: the TensorFlow head, then the body on that candidate): what goes in
+    the head is what no converter takes (splitting.py), so the whole model would only fail
+    its conversion. Where the model takes strings and cannot be split (`unsplit` says why),
+    the converting candidates are skipped with that reason."""
     reference = KerasEager("keras-eager" if source.is_keras else "original")
     wanted = list(BACKENDS) if options.backends is None else list(options.backends)
-
-    def new(b: str | Backend) -> Backend:  # a user's own instance is copied unprepared
-        return copy.copy(b) if isinstance(b, Backend) else BACKENDS[b]()
-
     chosen = [b if isinstance(b, Backend) else BACKENDS[b]() for b in wanted]
     if split is not None:
-        # Without strings, a candidate that cannot run here says so once, as the whole model.
-        chains = [
-            TfHeadChain(new(b), split)
-            for b, made in zip(wanted, chosen)
-            if not _runs_in_tensorflow(made) and (split.strings or made.available() is None)
-        ]
-        whole = [b for b in chosen if _runs_in_tensorflow(b) or not split.strings]
-        return [reference, *whole, *chains]
+        chosen = [b if _runs_in_tensorflow(b) else TfHeadChain(b, split) for b in chosen]
     if unsplit is not None:
         chosen = [b if _runs_in_tensorflow(b) else TensorFlowOnly(b, unsplit) for b in chosen]
     return [reference, *chosen]
