@@ -39,46 +39,17 @@ import threading
 import time
 from pathlib import Path
 
+from infertune.resources import tree_rss_bytes
+
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 MODELS = ("bert", "recommender", "dense")
 
 
 # -- memory of a process tree, from /proc ---------------------------------------------------
-def _rss_kb(pid: int) -> int:
-    try:
-        with open(f"/proc/{pid}/status") as status:
-            for line in status:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1])
-    except OSError:
-        pass
-    return 0
-
-
-def _children(pid: int) -> list[int]:
-    found = []
-    try:
-        tasks = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return found
-    for task in tasks:
-        try:
-            with open(f"/proc/{pid}/task/{task}/children") as children:
-                found += [int(c) for c in children.read().split()]
-        except OSError:
-            pass
-    return found
-
-
 def tree_rss_gb(pid: int | None = None) -> float:
     """Resident memory of a process and all its descendants, in GB (1e9 bytes)."""
-    pending, total = [pid or os.getpid()], 0
-    while pending:
-        current = pending.pop()
-        total += _rss_kb(current)
-        pending += _children(current)
-    return total * 1024 / 1e9
+    return (tree_rss_bytes(pid) or 0) / 1e9
 
 
 def _hwm_gb() -> float:
