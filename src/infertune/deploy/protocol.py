@@ -434,30 +434,7 @@ def _input_array(
     except InputError as exc:
         raise ProtocolError(_short(str(exc), 400)) from None
     kind = tensor.get("datatype")
-    if isinstance(kind, str) and kind in _UNSUPPORTED:
-        raise ProtocolError(f"Input '{name}': {_UNSUPPORTED[kind]}.")
-    if not isinstance(kind, str) or (kind not in _DATATYPES and kind != "BYTES"):
-        raise ProtocolError(
-            f"Input '{name}' has datatype {_short(repr(kind))}; expected one of "
-            f"{', '.join(_DATATYPES)}, BYTES (the model takes {datatype(spec.dtype)})."
-        )
-    strings = spec.dtype.kind == "O"
-    if strings and kind != "BYTES":
-        raise ProtocolError(
-            f"Input '{name}' has datatype {kind}; the model takes strings there: send datatype "
-            f"BYTES ({spec.describe()})."
-        )
-    if kind == "BYTES" and not strings:
-        raise ProtocolError(
-            f"Input '{name}' has datatype BYTES (strings); the model takes numbers there: send "
-            f"datatype {datatype(spec.dtype)} ({spec.describe()})."
-        )
-    dtype = None if strings else _DATATYPES[kind]
-    if dtype is not None and dtype != spec.dtype:
-        raise ProtocolError(
-            f"Input '{name}' has dtype {dtype.name}; the model takes {spec.dtype.name} "
-            f"(datatype {datatype(spec.dtype)}; {spec.describe()})."
-        )
+    dtype = _input_dtype(name, kind, spec)
     batch_free = bool(spec.shape) and spec.shape[0] is None
     if batch_free and limits.max_batch_size is not None and shape[0] > limits.max_batch_size:
         raise ProtocolError(
@@ -471,16 +448,12 @@ def _input_array(
         raise ProtocolError(
             f"Input '{name}' has shape {shape}: no values. Every dimension must be at least 1."
         )
-    # A string is held as a bytes object (_STRING_HELD) and its bytes: at least the former.
-    held = count * (_STRING_HELD if dtype is None else dtype.itemsize)
-    if held > limits.decoded_bytes:
+    if dtype is None:  # each string held as a bytes object and its bytes: at least the former
+        _check_strings_held(limits, name, shape, count * _STRING_HELD, at_least=True)
+    elif count * dtype.itemsize > limits.decoded_bytes:
+        held = count * dtype.itemsize
         # str() of an int stops at 4300 digits: a shape of JSON's largest ints passes that.
         size = f"{held} bytes" if held < 2**64 else "more than 2**64 bytes"
-        if dtype is None:
-            size = (
-                f"{'at least ' if held < 2**64 else ''}{size} held ({_STRING_HELD} bytes per "
-                f"string besides its own)"
-            )
         _raise_decoded_limit(limits, f"Input '{name}' ({kind}, shape {_short(shape)}) is {size},")
     # The wire form of a string: its length (4 bytes) and its bytes.
     nbytes = count * (_LENGTH.size if dtype is None else dtype.itemsize)
@@ -509,12 +482,7 @@ def _input_array(
             )
         if dtype is None:
             held = count * _STRING_HELD + size - count * _LENGTH.size
-            if held > limits.decoded_bytes:
-                _raise_decoded_limit(
-                    limits,
-                    f"Input '{name}' (BYTES, shape {_short(shape)}) is {held} bytes held "
-                    f"({_STRING_HELD} bytes per string besides its own),",
-                )
+            _check_strings_held(limits, name, shape, held)
             return name, _binary_strings(name, binary[offset : offset + size], count, shape), size
         array = np.frombuffer(binary[offset : offset + size], dtype=dtype).reshape(shape)
         return name, array.astype(dtype.newbyteorder("="), copy=False), size
@@ -534,6 +502,54 @@ def _input_array(
             f"Input '{name}' has {array.size} values in its data; its shape {shape} needs {count}."
         )
     return name, array.reshape(shape), 0
+
+
+def _input_dtype(name: str, kind: object, spec: TensorSpec) -> np.dtype | None:
+    """The numpy dtype of an input's datatype `kind` (None for BYTES: strings), which must be
+    the model's input's."""
+    if isinstance(kind, str) and kind in _UNSUPPORTED:
+        raise ProtocolError(f"Input '{name}': {_UNSUPPORTED[kind]}.")
+    if not isinstance(kind, str) or (kind not in _DATATYPES and kind != "BYTES"):
+        raise ProtocolError(
+            f"Input '{name}' has datatype {_short(repr(kind))}; expected one of "
+            f"{', '.join(_DATATYPES)}, BYTES (the model takes {datatype(spec.dtype)})."
+        )
+    strings = spec.dtype.kind == "O"
+    if strings and kind != "BYTES":
+        raise ProtocolError(
+            f"Input '{name}' has datatype {kind}; the model takes strings there: send datatype "
+            f"BYTES ({spec.describe()})."
+        )
+    if kind == "BYTES" and not strings:
+        raise ProtocolError(
+            f"Input '{name}' has datatype BYTES (strings); the model takes numbers there: send "
+            f"datatype {datatype(spec.dtype)} ({spec.describe()})."
+        )
+    dtype = None if strings else _DATATYPES[kind]
+    if dtype is not None and dtype != spec.dtype:
+        raise ProtocolError(
+            f"Input '{name}' has dtype {dtype.name}; the model takes {spec.dtype.name} "
+            f"(datatype {datatype(spec.dtype)}; {spec.describe()})."
+        )
+    return dtype
+
+
+def _check_strings_held(
+    limits: Limits, name: str, shape: list[int], held: int, at_least: bool = False
+) -> None:
+    """413 where a BYTES tensor's strings would hold more than `limits.max_decoded_mb`
+    (`held`: _STRING_HELD per string and its bytes; `at_least`: from the shape alone)."""
+    if held <= limits.decoded_bytes:
+        return
+    # str() of an int stops at 4300 digits: a shape of JSON's largest ints passes that.
+    size = f"{held} bytes" if held < 2**64 else "more than 2**64 bytes"
+    if at_least and held < 2**64:
+        size = f"at least {size}"
+    _raise_decoded_limit(
+        limits,
+        f"Input '{name}' (BYTES, shape {_short(shape)}) is {size} held ({_STRING_HELD} bytes "
+        f"per string besides its own),",
+    )
 
 
 def _binary_strings(name: str, data: memoryview, count: int, shape: list[int]) -> np.ndarray:
@@ -600,12 +616,7 @@ def _json_strings(
             ) from None
         nbytes += _STRING_HELD + len(encoded)
         found.append(encoded)
-    if nbytes > limits.decoded_bytes:
-        _raise_decoded_limit(
-            limits,
-            f"Input '{name}' (BYTES, shape {_short(shape)}) is {nbytes} bytes held ({_STRING_HELD} "
-            f"bytes per string besides its own),",
-        )
+    _check_strings_held(limits, name, shape, nbytes)
     if len(found) != count:
         many = f"more than {count}" if len(found) > count else str(len(found))
         raise ProtocolError(
