@@ -54,6 +54,7 @@ import numpy as np
 from timing import (
     EXACT_RTOL,
     ONNXRUNTIME_COOLDOWN_S,
+    fate_lines,
     machine_description,
     milliseconds,
     raw_cell,
@@ -484,14 +485,7 @@ def fates(results: list[dict]) -> str:
             lines.append(f"- **{r['model']}** ({r['kind']}): optimize() refused it:")
             lines.append(f"  - {r['optimize_failed']}")
         else:
-            by_status: dict[str, list[str]] = {}
-            for c in r["candidates"]:
-                by_status.setdefault(c["status"], []).append(c["name"])
-            statuses = "; ".join(f"{s}: {', '.join(names)}" for s, names in by_status.items())
-            lines.append(f"- **{r['model']}** ({r['kind']}): {statuses}")
-            for c in r["candidates"]:
-                if c["status"] in ("mismatch", "failed", "timeout"):
-                    lines.append(f"  - {c['name']} {c['status']}: {c['reason']}")
+            lines += fate_lines(f"**{r['model']}** ({r['kind']})", r["candidates"])
             errors = ", ".join(
                 f"{label} {v}"
                 if isinstance(v, str)

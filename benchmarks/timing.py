@@ -1,7 +1,7 @@
 """What the benchmarks share besides the by-hand runtimes (by_hand.py): what "exact" means,
 the output error, interleaved timing of zero-argument runners, a model's run in a child
-process, a table's by-hand cells, the machine's description, and where a run's results are
-written.
+process, a table's by-hand cells, the candidates' fates, the machine's description, and where
+a run's results are written.
 """
 
 from __future__ import annotations
@@ -117,3 +117,17 @@ def raw_cell(r: dict, label: str) -> str:
         return "-"
     err = r["raw_rel_err"].get(label, 0.0)
     return milliseconds(value) + (f" (err {err:.0e})" if err > EXACT_RTOL else "")
+
+
+def fate_lines(title: str, candidates: list[dict]) -> list[str]:
+    """A model's line of every candidate's fate (the names by status), then a line for each
+    candidate that failed, mismatched or timed out, with its reason."""
+    by_status: dict[str, list[str]] = {}
+    for c in candidates:
+        by_status.setdefault(c["status"], []).append(c["name"])
+    statuses = "; ".join(f"{status}: {', '.join(names)}" for status, names in by_status.items())
+    lines = [f"- {title}: {statuses}"]
+    for c in candidates:
+        if c["status"] in ("mismatch", "failed", "timeout"):
+            lines.append(f"  - {c['name']} {c['status']}: {c['reason']}")
+    return lines

@@ -43,6 +43,7 @@ import numpy as np
 from timing import (
     EXACT_RTOL,
     ONNXRUNTIME_COOLDOWN_S,
+    fate_lines,
     machine_description,
     milliseconds,
     raw_cell,
@@ -462,14 +463,7 @@ def fates(results: list[dict]) -> str:
         if "error" in r:
             lines.append(f"- **{r['model']}**: {r['error']}")
             continue
-        by_status: dict[str, list[str]] = {}
-        for c in r["candidates"]:
-            by_status.setdefault(c["status"], []).append(c["name"])
-        statuses = "; ".join(f"{status}: {', '.join(names)}" for status, names in by_status.items())
-        lines.append(f"- **{r['model']}** ({r['family']}): {statuses}")
-        for c in r["candidates"]:
-            if c["status"] in ("mismatch", "failed", "timeout"):
-                lines.append(f"  - {c['name']} {c['status']}: {c['reason']}")
+        lines += fate_lines(f"**{r['model']}** ({r['family']})", r["candidates"])
         for label, reason in r["raw_failed"].items():
             lines.append(f"  - by hand, {label} failed: {reason}")
         errors = ", ".join(
