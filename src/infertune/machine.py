@@ -99,6 +99,20 @@ class MachineRecord:
         old = corrections.get(kind)
         corrections[kind] = ratio if old is None else (1 - _EMA) * old + _EMA * ratio
 
+    def memory_factor(self, conversion: str) -> float | None:
+        """The copies of the weights `conversion` held at its peak here, learned from earlier
+        runs on large models; None before any run measured it."""
+        value = self.data.get("memory", {}).get(conversion)
+        return float(value) if isinstance(value, int | float) and value > 0 else None
+
+    def learn_memory(self, conversion: str, factor: float) -> None:
+        """Fold one run's measured peak (in copies of the weights) into `conversion`'s."""
+        if not factor > 0:
+            return
+        memory = self.data.setdefault("memory", {})
+        old = memory.get(conversion)
+        memory[conversion] = factor if old is None else (1 - _EMA) * old + _EMA * factor
+
     def wins(self, regime: str) -> dict[str, int]:
         """{candidate family: runs it was chosen in} for models of this regime."""
         return dict(self.data.get("wins", {}).get(regime, {}))

@@ -595,4 +595,13 @@ def memory_line(memory: dict) -> str:
     weights = memory.get("weights_bytes")
     if weights:
         line += f"; {(peak - before) / weights:.1f}x the weights' {weights / gb:.2f} GB above that"
+        conversions = memory.get("conversions_bytes") or {}
+        if conversions:
+            line += (
+                " (at their peaks, "
+                + ", ".join(
+                    f"{stage} {above / weights:.1f}x" for stage, above in conversions.items()
+                )
+                + ")"
+            )
     return line

@@ -15,9 +15,19 @@ import gc
 import os
 import sys
 import threading
+from collections.abc import Callable
 from functools import cache
+from typing import TypeVar
 
-__all__ = ["MemoryPeak", "available_bytes", "release_freed_memory", "tree_rss_bytes"]
+T = TypeVar("T")
+
+__all__ = [
+    "MemoryPeak",
+    "available_bytes",
+    "high_water_above",
+    "release_freed_memory",
+    "tree_rss_bytes",
+]
 
 
 def release_freed_memory() -> None:
@@ -105,7 +115,7 @@ class MemoryPeak:
         # This process's own high-water mark (VmHWM), reset here: a converter that holds
         # the GIL for seconds starves the sampling thread, and the samples missed the TFLite
         # conversion's peak (3.3x the weights sampled, 9.8x its high-water mark).
-        self._own_hwm = _reset_high_water_mark()
+        self._own_hwm = _reset_high_water_mark(start=True)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -137,8 +147,19 @@ class MemoryPeak:
                 self.peak = max(self.peak, own)
 
 
+# This process's high-water mark before its last reset: a conversion's own peak is measured by
+# resetting it (high_water_above), and what it held before is not to be lost to MemoryPeak.
+_folded_hwm = 0
+
+
 def _high_water_mark() -> int | None:
-    """This process's peak resident memory since it was last reset (VmHWM), or None."""
+    """This process's peak resident memory since MemoryPeak began (VmHWM, and what it was
+    before each reset since), or None."""
+    own = _own_high_water_mark()
+    return None if own is None else max(own, _folded_hwm)
+
+
+def _own_high_water_mark() -> int | None:
     try:
         with open("/proc/self/status") as status:
             for line in status:
@@ -149,19 +170,28 @@ def _high_water_mark() -> int | None:
     return None
 
 
-def _reset_high_water_mark() -> bool:
-    """Reset VmHWM to the resident memory now (Linux: "5" to /proc/self/clear_refs); False
-    where that cannot be done (the high-water mark then covers time before optimize())."""
+def _reset_high_water_mark(start: bool = False) -> bool:
+    """Reset VmHWM to the resident memory now (Linux: "5" to /proc/self/clear_refs), keeping
+    what it was in _folded_hwm (`start`: forgetting it); False where that cannot be done (the
+    high-water mark then covers time before optimize())."""
+    global _folded_hwm
+    before = _own_high_water_mark()
     try:
         with open("/proc/self/clear_refs", "w") as refs:
             refs.write("5")
-        return True
     except OSError:
         return False
+    _folded_hwm = 0 if start else max(_folded_hwm, before or 0)
+    return True
 
-    def held_since_start(self) -> int:
-        """Bytes the tree holds now above what it held when this started (0 if unknown)."""
-        now = tree_rss_bytes()
-        if now is None or self.before is None:
-            return 0
-        return max(0, now - self.before)
+
+def high_water_above(build: Callable[[], T]) -> tuple[T, int | None]:
+    """build()'s value, and the most this process held while it ran above what it held when
+    it began (bytes; None where /proc cannot tell): a conversion's own peak, which sampling
+    misses (a converter holding the GIL starves the sampling thread)."""
+    before = _rss_bytes(os.getpid())
+    if before is None or not _reset_high_water_mark():
+        return build(), None
+    value = build()
+    after = _own_high_water_mark()
+    return value, None if after is None else max(0, after - before)

@@ -11,7 +11,7 @@ import numpy as np
 
 from .inputs import InputSignature
 from .models import ModelSource
-from .resources import release_freed_memory
+from .resources import high_water_above, release_freed_memory
 from .structure import Structure
 
 __all__ = ["Target"]
@@ -46,6 +46,9 @@ class Target:
     offloaded_seconds: dict[str, float] = field(default_factory=dict, repr=False)
     _traced: tuple[Any, Any] | None = field(default=None, repr=False)
     _weights: int | None = field(default=None, repr=False)
+    # Past RELEASE_AFTER_BYTES of weights: each conversion made here, the most this process
+    # held while it ran above what it held before (bytes), for the machine's record.
+    memory_peaks: dict[str, int] = field(default_factory=dict, repr=False)
 
     def traced(self) -> tuple[Any, Any]:
         """The model as one tf.function of its flat inputs, batch free, and its concrete
@@ -101,7 +104,13 @@ class Target:
             self._building.add(key)
             start = time.perf_counter()
             try:
-                self._shared[key] = (True, self._offloaded_or(key, build))
+                if (self._weights or 0) > RELEASE_AFTER_BYTES:
+                    value, above = high_water_above(lambda: self._offloaded_or(key, build))
+                    if above is not None and key not in self.offloaded_seconds:
+                        self.memory_peaks[key] = above
+                else:
+                    value = self._offloaded_or(key, build)
+                self._shared[key] = (True, value)
             except Exception as exc:
                 self._shared[key] = (False, exc)
             finally:

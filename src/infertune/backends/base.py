@@ -100,6 +100,10 @@ class Backend(ABC):
     # that option, in words. Such a variant is not tried where the model is large
     # (pipeline/preparing.py): each one holds its own copy of the weights.
     session_variant: str | None = None
+    # Where the candidate runs on fewer threads than the cores (`:threads=N`): for one caller
+    # on a large model it is not tried either (pipeline/preparing.py): a call's work there is
+    # large enough for every core (BERT-base-sized, 2 cores: 1 thread lost 1.8-2.1x).
+    threads_variant: int | None = None
     # The input shapes this prepared backend can run, where it runs only those (known once
     # convert() or prepare() has run): the sample's, as LiteRT when TFLite converts the model
     # at the sample's exact shapes but not with its free dimensions. None: any shape the

@@ -98,7 +98,7 @@ class LiteRT(Backend):
     )
 
     def __init__(self, threads: int | None = None):
-        self.threads = threads
+        self.threads = self.threads_variant = threads
         self.name = type(self).name + (f":threads={threads}" if threads else "")
 
     def available(self) -> str | None:

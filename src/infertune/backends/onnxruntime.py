@@ -113,6 +113,7 @@ class OnnxRuntimeCpu(Backend):
         self.name = type(self).name + self.settings.suffix()
         if not self.settings.intra_op_threads and self.settings != OrtSettings():
             self.session_variant = self.settings.suffix().lstrip(":").replace(":", ", ")
+        self.threads_variant = self.settings.intra_op_threads or None
         # Measured here: after each call, a spinning worker burns about 37 ms of one core.
         self.cooldown_s = 0.05 if self.settings.spins else 0.0
 

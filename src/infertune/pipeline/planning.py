@@ -213,9 +213,13 @@ def learn_from_run(
     statuses: dict[str, str],
     times: StageTimes,
     chosen: str,
+    conversion_memory: dict[str, float] | None = None,
 ) -> None:
-    """Fold this run's costs (actual against estimated, before corrections) and its choice
-    into the machine's record, and save it."""
+    """Fold this run's costs (actual against estimated, before corrections), its
+    conversions' measured memory (copies of the weights) and its choice into the machine's
+    record, and save it."""
+    for key, factor in (conversion_memory or {}).items():
+        record.learn_memory(key, factor)
     for stage, seconds in times.shared.items():
         key = next((k for k, name in CONVERSION_STAGES.items() if name == stage), None)
         if key is not None and key in CONVERSION_COSTS:

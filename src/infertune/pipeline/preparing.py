@@ -33,6 +33,7 @@ import numpy as np
 
 from ..backends import Backend
 from ..backends.base import NotApplicable
+from ..environment import usable_cores
 from ..errors import one_line
 from ..machine import MachineRecord
 from ..measure import measure_interleaved
@@ -419,6 +420,13 @@ def _memory_budget() -> int | None:
     return None if free is None else max(0, free - MEMORY_RESERVE)
 
 
+def _conversion_memory(key: str, record: MachineRecord | None) -> float:
+    """Copies of the weights the conversion `key` holds at its peak: as measured by earlier
+    runs on this machine (large models), else CONVERSION_MEMORY."""
+    learned = record.memory_factor(key) if record is not None else None
+    return learned if learned is not None else CONVERSION_MEMORY.get(key, 1.0)
+
+
 def _fits_memory(state: _Candidate, run: _Run, states: list[_Candidate]) -> bool:
     """Whether the candidate, its conversions not built yet, and its rehearsal (the child
     holds it once more while this process holds the others) fit in the memory left once the
@@ -443,12 +451,12 @@ def _fits_memory(state: _Candidate, run: _Run, states: list[_Candidate]) -> bool
         reverse=True,
     )
     # A large model's candidates are held KEEP_AT_ONCE at a time after verification (_keep).
-    held = sum(holding[: KEEP_AT_ONCE - 1] if run.large else holding)
+    held = sum(holding[:KEEP_AT_ONCE] if run.large else holding)
     own = backend.memory_factor * weights
     conversions = [k for k in backend.conversions if k not in target.built()]
     compiling = backend.compile_memory_factor * weights
     transient = max(
-        [sum(CONVERSION_MEMORY.get(k, 1.0) for k in conversions) * weights, compiling]
+        [sum(_conversion_memory(k, run.record) for k in conversions) * weights, compiling]
         + ([own] if run.isolation.rehearses(backend) else [])
     )
     if held + own + transient <= budget:
@@ -474,9 +482,10 @@ def _fits_memory(state: _Candidate, run: _Run, states: list[_Candidate]) -> bool
 # -- large models: fewer copies of the weights held at once --------------------------------
 # Where holding every verified candidate that copies the weights would pass
 # INFERTUNE_HOLD_ALL_BYTES (2 GiB: a BERT-base-sized model's eleven candidates held 5.2 GB
-# at the end of verification), at most this many of them stay for the measurement: the
-# fastest in their verification calls; the others are closed as soon as they fall out.
-KEEP_AT_ONCE = 3
+# at the end of verification), at most this many of them stay for the measurement: each one
+# verified is timed against the one kept (champion and challenger) and the slower is closed
+# at once. BERT-base-sized, one run each: 3 kept peaked at 8.3x the weights, 1 at 6.5x.
+KEEP_AT_ONCE = 1
 # ... and one whose verification calls were more than this much slower than the fastest such
 # candidate's is closed at once (the measurement's own race drops a candidate 1.5x behind).
 CLEARLY_SLOWER = 1.5
@@ -512,25 +521,36 @@ def _large_model(others: list[_Candidate], run: _Run) -> str | None:
 
 def _session_variant(state: _Candidate, run: _Run, others: list[_Candidate]) -> bool:
     """On a large model, skip a candidate that differs from another one tried only in a
-    session option (Backend.session_variant): each session holds its own copy."""
+    session option (Backend.session_variant) or, for one caller, in running on fewer threads
+    than the cores (Backend.threads_variant): each one holds its own copy of the weights."""
     backend = state.backend
-    if run.large is None or backend.session_variant is None:
+    threads = backend.threads_variant if run.options.concurrency == 1 else None
+    if run.large is None or (backend.session_variant is None and threads is None):
         return False
     base = next(
         (
             s.backend.name
             for s in others
-            if type(s.backend) is type(backend) and s.backend.session_variant is None
+            if type(s.backend) is type(backend)
+            and s.backend.session_variant is None
+            and s.backend.threads_variant is None
         ),
         None,
     )
     if base is None:
         return False
+    if threads is not None:
+        why = (
+            f"it differs from {base} only in running on {threads} thread(s) of "
+            f"{usable_cores()}, which one caller on a model this large seldom gains from"
+        )
+    else:
+        why = f"it differs from {base} only in a session option ({backend.session_variant})"
     _skip(
         state,
         run,
-        f"not tried on a model this large: it differs from {base} only in a session option "
-        f"({backend.session_variant}) and would hold its own copy of the weights ({run.large})",
+        f"not tried on a model this large: {why}, and would hold its own copy of the "
+        f"weights ({run.large})",
     )
     return True
 
@@ -607,10 +627,11 @@ def _drop(
         result.reason = f"{verified}, then failed while timed against the others: {error}"
     else:
         ratio = p50[name] / p50[best]
+        kept = "the fastest is" if KEEP_AT_ONCE == 1 else f"the {KEEP_AT_ONCE} fastest are"
         rule = (
             f"more than {CLEARLY_SLOWER:g}x"
             if ratio > CLEARLY_SLOWER
-            else f"only the {KEEP_AT_ONCE} fastest that copy the weights are kept"
+            else f"only {kept} kept of those that copy the weights"
         )
         result.status = "skipped"
         result.reason = (
@@ -806,6 +827,10 @@ def _first_call_and_verify(
     name, deadline = backend.name, state.deadline
     stage = _background_stage if in_background else _stage
     checks = checks_for(backend, run.checks)
+    if in_background and run.large is not None and backend.compile_memory_factor > 0:
+        # XLA compiles at its first call, holding 3x the weights: beside the ONNX export
+        # (4x) that made the export's peak 5x; it waits for the conversions to be done.
+        run.converted.wait()
     if backend.exact_shapes is not None:
         result.exact_shapes = [list(shape) for shape in backend.exact_shapes]
         result.exact_reason = backend.exact_reason
