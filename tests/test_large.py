@@ -88,6 +88,30 @@ def test_every_candidate_runs_external_data_and_a_saved_result_carries_it(large,
     assert (version / ONNX_FILE).is_file() and (version / DATA_FILE).is_file()
 
 
+def test_the_large_tflite_conversion_never_loads_the_saved_model_in_python(large, monkeypatch, rng):
+    # TensorFlow's own SavedModel path loads the model, variables and all, twice in Python
+    # before its C++ converter reads it again (litert._saved_model_converter); on these
+    # versions neither load is made (if TensorFlow's private names move, the conversion takes
+    # TensorFlow's own path, and this fails).
+    import tensorflow as tf
+    from tensorflow.lite.python import lite
+
+    from infertune.backends import litert
+
+    def load(*args, **kwargs):
+        raise AssertionError("the SavedModel was loaded in Python")
+
+    monkeypatch.setattr(lite, "_load", load)
+    model, sample = recommender(), recommender_sample(rng)
+    target = target_for(model, sample)
+    assert litert._large(target)
+    backend = litert.LiteRT()
+    backend.prepare(target)
+    outputs = backend.run(target.signature.flatten(sample))
+    assert_matches_model([np.asarray(x) for x in tf.nest.flatten(model(sample))], outputs)
+    backend.close()
+
+
 def test_a_candidate_memory_cannot_hold_is_skipped_with_the_estimate(monkeypatch, rng):
     from infertune.pipeline.preparing import MEMORY_RESERVE
 
