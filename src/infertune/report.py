@@ -595,13 +595,12 @@ def memory_line(memory: dict) -> str:
     weights = memory.get("weights_bytes")
     if weights:
         line += f"; {(peak - before) / weights:.1f}x the weights' {weights / gb:.2f} GB above that"
-        conversions = memory.get("conversions_bytes") or {}
+        # (a conversion that reuses another's result holds next to nothing: not said)
+        conversions = [
+            f"{stage} {above / weights:.1f}x"
+            for stage, above in (memory.get("conversions_bytes") or {}).items()
+            if above >= 0.05 * weights
+        ]
         if conversions:
-            line += (
-                " (at their peaks, "
-                + ", ".join(
-                    f"{stage} {above / weights:.1f}x" for stage, above in conversions.items()
-                )
-                + ")"
-            )
+            line += f" (conversions at their peaks: {', '.join(conversions)})"
     return line
