@@ -34,6 +34,7 @@ from typing import Any
 
 from ..errors import one_line
 from ..models import tensor_specs
+from ..resources import release_freed_memory
 from ..settings import external_data_bytes
 from ..target import Target
 from .rewrites import rewrite_for_onnx
@@ -59,8 +60,9 @@ _ALIGN = 1 << 16  # offsets of external tensors: a page multiple, so that runtim
 # (no grappler; weights as external data: ONNX Runtime then maps model.onnx.data instead of
 # copying the model's bytes into each session). Measured on a BERT-base-sized export (0.52
 # GB): three sessions took 2.2 GB from the bytes (0.52 of them the bytes), 1.1 GB from the
-# path; the export's peak went from 12.5x the weights to 4.1x. 256 MB keeps the model zoo's
-# convolutional networks (ResNet50: 100 MB) on grappler's path, whose graphs were measured.
+# path; the export's peak went from 12.5x the weights to 4.1x (2.3-2.6x since: `_to_onnx`).
+# 256 MB keeps the model zoo's convolutional networks (ResNet50: 100 MB) on grappler's path,
+# whose graphs were measured.
 EXTERNAL_DATA_MIN_BYTES = 256 << 20
 
 
@@ -316,7 +318,12 @@ def _to_onnx(
     GraphDef before TensorFlow imports it (tf2onnx reads them from there), and each constant
     of tf2onnx's graph written to `data_path` before the ModelProto is made. On a
     BERT-base-sized model the export's peak went from 12x the weights (grappler copies the
-    GraphDef several times) to 6x.
+    GraphDef several times) to 4.4x, then to 2.3-2.6x with each intermediate gone once the
+    next step holds what it needs of it: the GraphDef with the weights after `_compressed`,
+    the constants' bytes once tf2onnx made them ONNX tensors, no second copy of the weights
+    in the NodeProtos (`_tf2onnx_graph`), freed memory handed back between the steps. Two
+    copies of the weights remain at the peak, while TensorFlow freezes (its numpy values and
+    the GraphDef) and while tf2onnx makes its ONNX tensors (from the constants' bytes).
 
     tf2onnx's `convert.from_function` is not used: it takes every placeholder of the traced
     function as a graph input, and a Keras 3 layer that keeps constants as plain tensors
@@ -326,7 +333,6 @@ def _to_onnx(
     graph inputs are the arguments alone, and the same stages run as in `from_function`.
     """
     import tensorflow as tf
-    from tf2onnx.tfonnx import process_tf_graph
 
     from . import tf2onnx_ops  # noqa: F401  (registers the conversions tf2onnx lacks)
 
@@ -335,35 +341,28 @@ def _to_onnx(
     input_names = [tensor.name for tensor in concrete.inputs[: len(specs)]]
     output_names = [tensor.name for tensor in concrete.outputs]
     renames = {name: spec.name for name, spec in zip(input_names, specs, strict=True)}
-    const_values = None
-    with tf.device("/cpu:0"), _Tf2onnxErrors() as errors:
+    notes: list[str] = []  # the rewrites of the last conversion
+
+    def onnx_graph() -> Any:
+        # Frozen afresh on each call (a second one only where an optimizer pass failed), so
+        # that each intermediate goes once the next step holds what it needs of it.
         graph_def = _frozen_graph_def(concrete, input_names, output_names, optimize=not large)
-        graph_def, notes = rewrite_for_onnx(graph_def)
-        if rewritten is not None:
-            rewritten.extend(notes)
+        graph_def, notes[:] = rewrite_for_onnx(graph_def)
+        const_values = None
         if large:  # the constants' bytes out of the GraphDef before its import
             graph_def, const_values = _compressed(graph_def, output_names)
+            release_freed_memory()  # the GraphDef with the weights, gone now
+        with tf.Graph().as_default() as tf_graph:
+            tf.import_graph_def(graph_def, name="")
+            del graph_def  # TensorFlow's graph holds it now
+            return _tf2onnx_graph(tf_graph, input_names, output_names, renames, const_values)
 
-        def onnx_graph() -> Any:
-            with tf.Graph().as_default() as tf_graph:
-                tf.import_graph_def(graph_def, name="")
-                return process_tf_graph(
-                    tf_graph,
-                    continue_on_error=True,  # as from_function: unconverted ops are found below
-                    opset=OPSET,
-                    input_names=input_names,
-                    output_names=output_names,
-                    tensors_to_rename=renames,
-                    const_node_values=const_values,
-                )
-
+    with tf.device("/cpu:0"), _Tf2onnxErrors() as errors:
         graph = _optimized(onnx_graph)
-        graph_def = const_values = None  # the tf2onnx graph holds what it needs of them
+    if rewritten is not None:
+        rewritten.extend(notes)
     if data_path is not None:
-        with open(data_path, "ab") as data:
-            for node in graph.get_nodes():
-                if node.is_const():
-                    _to_file(node.get_attr("value").t, data)
+        _constants_to_file(graph, data_path)
     # Not tf2onnx's ExternalTensorStorage: it calls numpy's np.product, gone in numpy 2. The
     # ModelProto holds the weights in memory (only serializing stops at 2 GB); past 2 GB,
     # external_export moves them into model.onnx.data tensor by tensor.
@@ -371,6 +370,76 @@ def _to_onnx(
     del graph
     _raise_on_unconverted(model_proto, errors.failed_nodes)
     return model_proto
+
+
+def _tf2onnx_graph(
+    tf_graph: Any,
+    input_names: list[str],
+    output_names: list[str],
+    renames: dict[str, str],
+    const_values: dict[str, bytes] | None,
+) -> Any:
+    """tf2onnx's `process_tf_graph` (as `from_function` calls it), its two stages run here so
+    that the constants' bytes (`const_values`, emptied) go once the first has made them ONNX
+    tensors, and with the constants' NodeProtos left stale at the end of the second (every
+    other node's updated as tf2onnx does): tf2onnx's `Graph.update_proto` copies each weight
+    into its node's protobuf, a second copy of every weight (protobuf's arena keeps the first,
+    which the node's attributes point into). `Graph.make_graph` updates them once at the end
+    (as after the optimizer passes, see `_without_proto_updates`); a constant has no subgraph
+    whose update could differ. Where tf2onnx lacks the stages, its `process_tf_graph`.
+    """
+    from tf2onnx import tfonnx
+
+    stages = ("clear_functions", "graphs_from_tf", "process_graphs")
+    if not all(hasattr(tfonnx, name) for name in stages):
+        return tfonnx.process_tf_graph(
+            tf_graph,
+            continue_on_error=True,  # as from_function: unconverted ops are found below
+            opset=OPSET,
+            input_names=input_names,
+            output_names=output_names,
+            tensors_to_rename=renames,
+            const_node_values=const_values,
+        )
+    tfonnx.clear_functions()
+    main, subgraphs = tfonnx.graphs_from_tf(
+        tf_graph, input_names, output_names, const_node_values=const_values
+    )
+    if const_values:
+        const_values.clear()  # the ONNX tensors of tf2onnx's graph hold them now
+        release_freed_memory()
+    for graph in [main, *subgraphs]:
+        graph.set_config(None, OPSET, None)
+
+    def update_proto(external_tensor_storage: Any = None) -> None:
+        for node in main.get_nodes():
+            if not node.is_const():
+                node.update_proto(external_tensor_storage)
+
+    main.update_proto = update_proto
+    try:
+        return tfonnx.process_graphs(
+            main,
+            subgraphs,
+            custom_op_handlers=None,
+            inputs_as_nchw=[],
+            outputs_as_nchw=[],
+            continue_on_error=True,  # as from_function: unconverted ops are found below
+            custom_rewriter=None,
+            initialized_tables=None,
+            tensors_to_rename=renames,
+        )
+    finally:
+        del main.update_proto  # tf2onnx's again, for make_graph
+
+
+def _constants_to_file(graph: Any, data_path: Path) -> None:
+    """Each constant of tf2onnx's graph of more than 1 KB written to the data file, the
+    tensor pointing at it (make_model then copies no weight)."""
+    with open(data_path, "ab") as data:
+        for node in graph.get_nodes():
+            if node.is_const():
+                _to_file(node.get_attr("value").t, data)
 
 
 def _frozen_graph_def(
