@@ -464,7 +464,8 @@ def _fits_memory(state: _Candidate, run: _Run, states: list[_Candidate]) -> bool
         return True
     parts = [f"{backend.memory_factor:g}x the weights' {weights / 1e9:.2f} GB for its runtime"]
     if conversions:
-        parts.append(f"{transient / weights:.1f}x while the {', '.join(conversions)} conversion runs")
+        during = f"while the {', '.join(conversions)} conversion runs"
+        parts.append(f"{transient / weights:.1f}x {during}")
     elif transient == compiling and compiling:
         parts.append(f"{backend.compile_memory_factor:g}x more while it compiles")
     elif transient:
