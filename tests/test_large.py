@@ -64,6 +64,40 @@ def test_the_export_keeps_weights_as_external_data_in_one_aligned_file(large, rn
     assert not directory.exists()
 
 
+def test_a_constant_past_the_protobuf_limit_goes_to_the_data_file_untouched(
+    large, monkeypatch, rng
+):
+    """A single weight past HUGE_CONSTANT_BYTES (lowered here from 1 GiB; tf2onnx's protobuf
+    copies stop at 2 GiB: a 2.46 GB embedding table failed) is written to the data file as
+    it is and read from there by the runtimes, with the same outputs."""
+    from infertune.export import onnx as onnx_export
+
+    monkeypatch.setattr(onnx_export, "HUGE_CONSTANT_BYTES", 6000)  # the 6.4 KB table alone
+    written, to_file = [], onnx_export._huge_to_file
+    monkeypatch.setattr(
+        onnx_export, "_huge_to_file", lambda *a: written.append(to_file(*a)) or written[-1]
+    )
+    model, sample = recommender(), recommender_sample(rng)
+    exported = export_onnx(target_for(model, sample))
+    assert [list(t.dims) for t in written[0].values()] == [[200, 8]]
+    graph = onnx.load_from_string(exported.model_bytes).graph
+    sizes = {
+        t.name: int({e.key: e.value for e in t.external_data}["length"])
+        for t in graph.initializer
+        if t.data_location == onnx.TensorProto.EXTERNAL
+    }
+    assert 200 * 8 * 4 in sizes.values(), sizes
+    names = ["onnxruntime-cpu", "openvino-cpu"]
+    opt = infertune.optimize(model, sample, backends=names, verbose=False)
+    for candidate in opt.report.candidates:
+        if candidate.name in names:
+            assert candidate.status in ("ok", "selected"), str(opt.report)
+    fresh = recommender_sample(np.random.default_rng(3), batch=2)
+    expected, outputs = model(fresh), opt(fresh)
+    for key in expected:
+        assert_matches_model(expected[key], outputs[key])
+
+
 def test_every_candidate_runs_external_data_and_a_saved_result_carries_it(large, rng, tmp_path):
     model, sample = recommender(), recommender_sample(rng)
     names = ["onnxruntime-cpu", "openvino-cpu", "litert"]

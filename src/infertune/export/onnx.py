@@ -20,6 +20,7 @@ and grappler's where it fails.
 
 from __future__ import annotations
 
+import copy
 import logging
 import os
 import shutil
@@ -199,18 +200,24 @@ def _to_file(tensor: Any, data: Any, min_bytes: int = 1024) -> None:
     if not tensor.HasField("raw_data") or len(tensor.raw_data) <= min_bytes:
         return
     content = tensor.raw_data
+    tensor.ClearField("raw_data")
+    _point_at(tensor, _append_aligned(data, content), len(content))
+
+
+def _append_aligned(data: Any, content: bytes | memoryview) -> int:
+    """`content` appended to the open data file at the next aligned offset; that offset."""
     end = data.seek(0, os.SEEK_END)
     offset = end + (-end % _ALIGN)
     data.write(b"\0" * (offset - end))
     data.write(content)
-    tensor.ClearField("raw_data")
+    return offset
+
+
+def _point_at(tensor: Any, offset: int, length: int) -> None:
+    """The TensorProto's bytes are `length` bytes at `offset` of the data file."""
     tensor.data_location = tensor.EXTERNAL
     del tensor.external_data[:]
-    for key, value in (
-        ("location", DATA_FILE),
-        ("offset", str(offset)),
-        ("length", str(len(content))),
-    ):
+    for key, value in (("location", DATA_FILE), ("offset", str(offset)), ("length", str(length))):
         entry = tensor.external_data.add()
         entry.key, entry.value = key, value
 
@@ -355,7 +362,13 @@ def _to_onnx(
         with tf.Graph().as_default() as tf_graph:
             tf.import_graph_def(graph_def, name="")
             del graph_def  # TensorFlow's graph holds it now
-            return _tf2onnx_graph(tf_graph, input_names, output_names, renames, const_values)
+            external = {}
+            if data_path is not None and const_values:
+                data_path.write_bytes(b"")  # what an earlier try wrote is not referenced
+                external = _huge_to_file(tf_graph, const_values, data_path)
+            return _tf2onnx_graph(
+                tf_graph, input_names, output_names, renames, const_values, external
+            )
 
     with tf.device("/cpu:0"), _Tf2onnxErrors() as errors:
         graph = _optimized(onnx_graph)
@@ -378,6 +391,7 @@ def _tf2onnx_graph(
     output_names: list[str],
     renames: dict[str, str],
     const_values: dict[str, bytes] | None,
+    external: dict[str, Any] | None = None,
 ) -> Any:
     """tf2onnx's `process_tf_graph` (as `from_function` calls it), its two stages run here so
     that the constants' bytes (`const_values`, emptied) go once the first has made them ONNX
@@ -401,10 +415,30 @@ def _tf2onnx_graph(
             tensors_to_rename=renames,
             const_node_values=const_values,
         )
+    from tf2onnx import tf_utils
+
     tfonnx.clear_functions()
-    main, subgraphs = tfonnx.graphs_from_tf(
-        tf_graph, input_names, output_names, const_node_values=const_values
-    )
+    resolve, to_tensor = tfonnx.resolve_functions, tf_utils.tf_to_onnx_tensor
+    if external:  # the huge constants: their TensorProtos, the bytes already in the file
+
+        def to_onnx_tensor(tensor: Any, name: str = "") -> Any:
+            found = external.get(name)
+            return to_tensor(tensor, name) if found is None else copy.deepcopy(found)
+
+        tf_utils.tf_to_onnx_tensor = to_onnx_tensor
+    if not tf_graph._functions:  # noqa: SLF001  (what resolve_functions itself reads)
+        # tf2onnx's resolve_functions makes every node an ONNX node, without the constants'
+        # bytes, only to list the graph's functions: each constant taken out of the GraphDef
+        # then becomes zeros of its shape (one more copy of the weights), and a constant past
+        # 2 GB (a 2.46 GB embedding table) fails to be one ("EncodeError: Failed to
+        # serialize proto"). A graph without functions has none to list.
+        tfonnx.resolve_functions = lambda graph: []
+    try:
+        main, subgraphs = tfonnx.graphs_from_tf(
+            tf_graph, input_names, output_names, const_node_values=const_values
+        )
+    finally:
+        tfonnx.resolve_functions, tf_utils.tf_to_onnx_tensor = resolve, to_tensor
     if const_values:
         const_values.clear()  # the ONNX tensors of tf2onnx's graph hold them now
         release_freed_memory()
@@ -431,6 +465,33 @@ def _tf2onnx_graph(
         )
     finally:
         del main.update_proto  # tf2onnx's again, for make_graph
+
+
+# A constant past this many bytes goes to the data file before tf2onnx reads the graph, and
+# tf2onnx gets its TensorProto pointing there: tf2onnx copies each constant into protobuf
+# messages by serializing them, which stops at 2 GiB (a 2.46 GB embedding table failed with
+# "EncodeError: Failed to serialize proto"), and makes four copies of it on the way.
+HUGE_CONSTANT_BYTES = 1 << 30
+
+
+def _huge_to_file(tf_graph: Any, const_values: dict[str, bytes], data_path: Path) -> dict:
+    """Each constant past HUGE_CONSTANT_BYTES written to the data file and taken out of
+    `const_values`; its ONNX TensorProto (shape, type, where its bytes are) by tensor name."""
+    import onnx
+    from tf2onnx.tf_utils import map_tf_dtype
+
+    external = {}
+    with open(data_path, "ab") as data:
+        for name in [n for n, v in const_values.items() if len(v) > HUGE_CONSTANT_BYTES]:
+            output = tf_graph.get_operation_by_name(name).outputs[0]
+            content = const_values.pop(name)
+            tensor = onnx.TensorProto(
+                name=f"{name}:0", dims=output.shape.as_list(), data_type=map_tf_dtype(output.dtype)
+            )
+            _point_at(tensor, _append_aligned(data, content), len(content))
+            external[tensor.name] = tensor
+            del content
+    return external
 
 
 def _constants_to_file(graph: Any, data_path: Path) -> None:

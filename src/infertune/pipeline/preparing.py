@@ -455,11 +455,15 @@ def _fits_memory(state: _Candidate, run: _Run, states: list[_Candidate]) -> bool
     own = backend.memory_factor * weights
     conversions = [k for k in backend.conversions if k not in target.built()]
     compiling = backend.compile_memory_factor * weights
-    transient = max(
-        [sum(_conversion_memory(k, run.record) for k in conversions) * weights, compiling]
-        + ([own] if run.isolation.rehearses(backend) else [])
-    )
-    if held + own + transient <= budget:
+    converting = sum(_conversion_memory(k, run.record) for k in conversions) * weights
+    transient = max([converting, compiling] + ([own] if run.isolation.rehearses(backend) else []))
+    need = held + own + transient
+    if run.large:
+        # No session or XLA compile in this process while a large model's conversions run
+        # (only one candidate, in the rehearsal child, may hold its copy meanwhile); after
+        # them, the one kept, this one, and its compile.
+        need = max(converting + (holding[0] if holding else 0.0), held + own + compiling)
+    if need <= budget:
         state.holds_memory = True  # from here on its memory counts for those after it
         return True
     parts = [f"{backend.memory_factor:g}x the weights' {weights / 1e9:.2f} GB for its runtime"]
@@ -470,13 +474,13 @@ def _fits_memory(state: _Candidate, run: _Run, states: list[_Candidate]) -> bool
         parts.append(f"{backend.compile_memory_factor:g}x more while it compiles")
     elif transient:
         parts.append("once more while it is rehearsed in the child process")
-    left = max(0.0, budget - held)
+    if held or (run.large and holding):
+        parts.append("what the candidates before it hold beside it")
     return _skip(
         state,
         run,
-        f"needs about {(own + transient) / 1e9:.1f} GB of memory ({'; '.join(parts)}); "
-        f"{left / 1e9:.1f} GB of the {budget / 1e9:.1f} GB free when tuning began are left "
-        f"for it (the candidates before it hold the rest)",
+        f"needs about {need / 1e9:.1f} GB of memory at its peak ({'; '.join(parts)}); "
+        f"the candidates may have {budget / 1e9:.1f} GB of what was free when tuning began",
     )
 
 
