@@ -20,6 +20,7 @@ and grappler's where it fails.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
 import os
@@ -33,12 +34,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from ..errors import one_line
 from ..models import tensor_specs
 from ..resources import release_freed_memory
 from ..settings import external_data_bytes
 from ..target import Target
-from .rewrites import rewrite_for_onnx
+from .rewrites import held_apart, rewrite_for_onnx
 
 __all__ = [
     "DATA_FILE",
@@ -353,11 +356,13 @@ def _to_onnx(
     def onnx_graph() -> Any:
         # Frozen afresh on each call (a second one only where an optimizer pass failed), so
         # that each intermediate goes once the next step holds what it needs of it.
-        graph_def = _frozen_graph_def(concrete, input_names, output_names, optimize=not large)
+        held: list[np.ndarray] | None = [] if large else None
+        graph_def = _frozen_graph_def(concrete, input_names, output_names, not large, held)
         graph_def, notes[:] = rewrite_for_onnx(graph_def)
         const_values = None
         if large:  # the constants' bytes out of the GraphDef before its import
-            graph_def, const_values = _compressed(graph_def, output_names)
+            graph_def, const_values = _compressed(graph_def, output_names, held)
+            del held
             release_freed_memory()  # the GraphDef with the weights, gone now
         with tf.Graph().as_default() as tf_graph:
             tf.import_graph_def(graph_def, name="")
@@ -504,7 +509,11 @@ def _constants_to_file(graph: Any, data_path: Path) -> None:
 
 
 def _frozen_graph_def(
-    concrete: Any, input_names: list[str], output_names: list[str], optimize: bool = True
+    concrete: Any,
+    input_names: list[str],
+    output_names: list[str],
+    optimize: bool = True,
+    held: list[np.ndarray] | None = None,
 ) -> Any:
     """The traced graph with every variable and captured tensor as a constant, optimized by
     grappler as tf2onnx does (`optimize`; not past 2 GB: grappler serializes the GraphDef,
@@ -518,7 +527,8 @@ def _frozen_graph_def(
     import tensorflow as tf
     from tf2onnx import tf_loader
 
-    graph_def = tf_loader.convert_variables_to_constants_large_model(concrete)
+    with _weights_apart(held) if held is not None else contextlib.nullcontext():
+        graph_def = tf_loader.convert_variables_to_constants_large_model(concrete)
     # What tf2onnx applies when TensorFlow's freezing fails (variable assignments left on
     # constants) and after it (ResourceGather in function bodies); both no-ops otherwise.
     graph_def = tf_loader.fix_freezing_errors(graph_def)
@@ -530,7 +540,46 @@ def _frozen_graph_def(
         return tf_loader.tf_optimize(input_names, output_names, graph_def)
 
 
-def _compressed(graph_def: Any, output_names: list[str]) -> tuple[Any, dict[str, bytes]]:
+@contextlib.contextmanager
+def _weights_apart(held: list[np.ndarray]) -> Iterator[None]:
+    """While TensorFlow freezes the traced function in this thread: each weight of more than
+    1000 bytes is kept in `held` as the array TensorFlow read it into, and its Const node's
+    TensorProto gets its dtype and shape, no value, and `version_number` -(its index + 1) as
+    the mark (rewrites.held_apart). TensorFlow's own freezing copies every weight into a
+    TensorProto, and that into the node (a 2.46 GB embedding table took the export to 4x
+    the weights while it froze); `_compressed` takes them out again anyway. Other threads'
+    TensorProtos are made as always."""
+    from tensorflow.core.framework import tensor_pb2
+    from tensorflow.python.framework import dtypes, tensor_shape, tensor_util
+
+    original, owner = tensor_util.make_tensor_proto, threading.get_ident()
+
+    def make_tensor_proto(values, dtype=None, shape=None, *args, **kwargs):
+        if (
+            threading.get_ident() != owner
+            or not isinstance(values, np.ndarray)
+            or values.dtype == object
+            or values.nbytes <= 1000
+            or (shape is not None and tuple(shape) != values.shape)
+        ):
+            return original(values, dtype, shape, *args, **kwargs)
+        held.append(values)
+        return tensor_pb2.TensorProto(
+            dtype=dtype if dtype is not None else dtypes.as_dtype(values.dtype).as_datatype_enum,
+            tensor_shape=tensor_shape.as_shape(values.shape).as_proto(),
+            version_number=-len(held),
+        )
+
+    tensor_util.make_tensor_proto = make_tensor_proto
+    try:
+        yield
+    finally:
+        tensor_util.make_tensor_proto = original
+
+
+def _compressed(
+    graph_def: Any, output_names: list[str], held: list[np.ndarray] | None = None
+) -> tuple[Any, dict[str, bytes | memoryview]]:
     """tf2onnx's `compress_graph_def` on a copy: a GraphDef whose constants of more than 1000
     bytes are empty, and their bytes by node name. Clearing them in place (as tf2onnx does)
     frees nothing while the message lives (protobuf's arena keeps them), so the copy is made
@@ -539,11 +588,12 @@ def _compressed(graph_def: Any, output_names: list[str]) -> tuple[Any, dict[str,
     through TensorFlow, which made a second copy of every weight."""
     from tf2onnx.tf_utils import compress_graph_def
 
-    values: dict[str, bytes] = {}
+    values: dict[str, bytes | memoryview] = {}
     big = {
         node.name
         for node in graph_def.node
-        if node.op == "Const" and len(node.attr["value"].tensor.tensor_content) > 1000
+        if node.op == "Const"
+        and (held_apart(node) or len(node.attr["value"].tensor.tensor_content) > 1000)
     }
     outputs = {name.split(":")[0] for name in output_names}
     reads = {  # Identity node -> the constant it reads
@@ -563,8 +613,17 @@ def _compressed(graph_def: Any, output_names: list[str]) -> tuple[Any, dict[str,
         copy = small.node.add()
         if node.name in big:
             tensor = node.attr["value"].tensor
-            values[node.name] = tensor.tensor_content
-            tensor.ClearField("tensor_content")
+            if held_apart(node):  # the array TensorFlow read: bytes now, the array goes
+                array = np.ascontiguousarray(held[-tensor.version_number - 1])
+                held[-tensor.version_number - 1] = None
+                # A constant HUGE_CONSTANT_BYTES goes to the data file from the array itself.
+                huge = array.nbytes > HUGE_CONSTANT_BYTES
+                values[node.name] = memoryview(array).cast("B") if huge else array.tobytes()
+                del array
+                tensor.version_number = 0
+            else:
+                values[node.name] = tensor.tensor_content
+                tensor.ClearField("tensor_content")
         copy.CopyFrom(node)
         for i, name in enumerate(copy.input):
             control = name.startswith("^")

@@ -115,6 +115,13 @@ def _where(names: list[str]) -> str:
     return f"{len(names)} nodes, first at {names[0]}"
 
 
+def held_apart(node: Any) -> bool:
+    """Whether a Const node's weight was held apart while the graph was frozen (the ONNX
+    export's lean path, export/onnx.py `_weights_apart`): its TensorProto has the weight's
+    dtype and shape, a negative `version_number` as the mark, and no value."""
+    return node.op == "Const" and node.attr["value"].tensor.version_number < 0
+
+
 class _Graph:
     """A GraphDef being rewritten: its nodes by name (copies; the original is left as it
     was), with the static shapes of its tensors."""
@@ -151,7 +158,7 @@ class _Graph:
         import tensorflow as tf
 
         node = self.nodes.get(_node_name(tensor))
-        if node is None or node.op != "Const":
+        if node is None or node.op != "Const" or held_apart(node):
             return None
         return tf.make_ndarray(node.attr["value"].tensor)
 
@@ -173,6 +180,8 @@ class _Graph:
                 continue
             seen.add(node.name)
             if node.op.startswith(("Random", "Stateful", "Stateless")) or "Variable" in node.op:
+                return None
+            if held_apart(node):  # its value is not in the graph
                 return None
             stack.extend(_node_name(t) for t in node.input)
         with tf.compat.v1.Session(graph=self._tf) as session:
