@@ -17,8 +17,11 @@ In the child: the resident memory of the process and of its children (the rehear
 a worker process) summed, sampled every 0.5 s from /proc while optimize() runs; the peak
 against what the process held before (with the model built) and against the weights;
 optimize()'s time by stage; every candidate's fate; then the result timed against
-`tf.function` and against ONNX Runtime by hand (tf2onnx's `from_function`, with
-`large_model=True` and its external data past 2 GB) in one interleaved run. `--quick` builds
+`tf.function` and against ONNX Runtime by hand in one interleaved run. The by-hand export
+(tf2onnx's `from_function`, with `large_model=True` and its external data past 2 GB) runs
+first, in a child of its own with the machine to itself: its time and its peak above the
+model built are in the table, its failure (or its kill by `--max-gb`) said below it, and
+its model is what the timing child loads. `--quick` builds
 small models of the same shapes (a smoke test of the script, seconds each). `--max-gb`
 kills a model's child whose memory passes it (on a machine shared with other work), and
 sets INFERTUNE_MEMORY_BYTES in the child (unless set) to what it leaves above the model
@@ -175,12 +178,20 @@ def _median_ms(fn, inputs, seconds: float) -> list[float]:
     return times
 
 
-def _by_hand_ort(model, sample, directory: Path, large: bool):
-    """ONNX Runtime as a user writes it: tf2onnx's from_function, external data past 2 GB."""
-    import onnxruntime
+def by_hand_export(name: str, quick: bool, directory: Path, out: Path) -> None:
+    """The by-hand half, in a child of its own (the 2 GB models need the machine to
+    themselves): ONNX as a user writes it, tf2onnx's from_function, with `large_model=True`
+    and its external data past 2 GB; its time and this process's peak above the model built
+    written to `out`, the model to `directory` for the timing child to load."""
     import tensorflow as tf
     import tf2onnx
 
+    from infertune.resources import release_freed_memory
+
+    model, sample, weights = build(name, quick)
+    model(sample)
+    release_freed_memory()
+    before = tree_rss_gb()
     if isinstance(sample, dict):
         names = list(sample)
         signature = [tf.TensorSpec((None, *sample[n].shape[1:]), sample[n].dtype, name=n)
@@ -195,32 +206,48 @@ def _by_hand_ort(model, sample, directory: Path, large: bool):
         def call(x):
             return model(x)
 
-    start = time.perf_counter()
+    large = weights > 1.8e9
     path = directory / ("by_hand.zip" if large else "by_hand.onnx")
-    tf2onnx.convert.from_function(
-        tf.function(call), input_signature=signature, opset=17, large_model=large,
-        output_path=str(path),
-    )  # fmt: skip
-    if large:  # the zip holds __MODEL_PROTO.onnx and the tensors beside it
-        import zipfile
+    with open("/proc/self/clear_refs", "w") as refs:
+        refs.write("5")
+    start = time.perf_counter()
+    row = {"names": names}
+    try:
+        tf2onnx.convert.from_function(
+            tf.function(call), input_signature=signature, opset=17, large_model=large,
+            output_path=str(path),
+        )  # fmt: skip
+        if large:  # the zip holds __MODEL_PROTO.onnx and the tensors beside it
+            import zipfile
 
-        unpacked = directory / "by_hand"
-        with zipfile.ZipFile(path) as archive:
-            archive.extractall(unpacked)
-        path = unpacked / "__MODEL_PROTO.onnx"
-    export_s = time.perf_counter() - start
-    session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+            with zipfile.ZipFile(path) as archive:
+                archive.extractall(directory / "by_hand")
+            path.unlink()
+            path = directory / "by_hand" / "__MODEL_PROTO.onnx"
+        row["path"] = str(path)
+    except Exception as exc:  # said in the table
+        row["error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+    row["export_s"] = time.perf_counter() - start
+    row["peak_over_weights"] = (_hwm_gb() - before) / (weights / 1e9)
+    out.write_text(json.dumps(row))
+
+
+def _by_hand_session(found: dict, sample):
+    """ONNX Runtime on the by-hand export, called as a user calls it."""
+    import onnxruntime
+
+    session = onnxruntime.InferenceSession(found["path"], providers=["CPUExecutionProvider"])
     input_names = [i.name for i in session.get_inputs()]
     feeds = sample if isinstance(sample, dict) else {"x": sample}
-    ordered = [feeds[n] for n in names]
+    ordered = [feeds[n] for n in found["names"]]
 
     def run(_):
         return session.run(None, dict(zip(input_names, ordered)))
 
-    return run, export_s
+    return run
 
 
-def child(name: str, quick: bool, by_hand: bool, out: Path, max_gb: float = 0.0) -> None:
+def child(name: str, quick: bool, by_hand: dict | None, out: Path, max_gb: float = 0.0) -> None:
     import numpy as np
     import tensorflow as tf
 
@@ -284,18 +311,14 @@ def child(name: str, quick: bool, by_hand: bool, out: Path, max_gb: float = 0.0)
         "infertune": lambda _: opt(sample),
         "tf.function": lambda _: function(*args).numpy(),
     }
-    if by_hand:
-        with tempfile.TemporaryDirectory(prefix="large-bench-") as tmp:
-            large = weights > 1.8e9
-            try:
-                runners["ort by hand"], row["by_hand_export_s"] = _by_hand_ort(
-                    model, sample, Path(tmp), large
-                )
-            except Exception as exc:  # said in the table
-                row["by_hand_error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
-            row["timed_ms"] = _interleaved(runners)
-    else:
-        row["timed_ms"] = _interleaved(runners)
+    if by_hand is not None:
+        row["by_hand_export_s"] = by_hand["export_s"]
+        row["by_hand_peak_over_weights"] = by_hand["peak_over_weights"]
+        if "path" in by_hand:
+            runners["ort by hand"] = _by_hand_session(by_hand, sample)
+        else:
+            row["by_hand_error"] = by_hand["error"]
+    row["timed_ms"] = _interleaved(runners)
     out.write_text(json.dumps(row, indent=2, default=str))
     del np
 
@@ -330,8 +353,8 @@ def table(rows: list[dict]) -> str:
         f"memory of the process and its children, sampled every 0.5 s.",
         "",
         "| model | weights | before | peak | peak - before | x weights | optimize() | selected "
-        "| ms: infertune | tf.function | ORT by hand | by-hand export |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| ms: infertune | tf.function | ORT by hand | by-hand export | its peak |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         if "error" in r:
@@ -347,8 +370,12 @@ def table(rows: list[dict]) -> str:
             f"{r['peak_gb']:.2f} GB | {r['peak_gb'] - r['rss_before_gb']:.2f} GB | "
             f"{r['peak_over_weights']:.1f}x | {r['optimize_s']:.0f} s | {r['selected']} | "
             f"{ms('infertune')} | {ms('tf.function')} | {ms('ort by hand')} | "
-            f"{r.get('by_hand_export_s', float('nan')):.0f} s |"
+            f"{r.get('by_hand_export_s', float('nan')):.0f} s | "
+            f"{r.get('by_hand_peak_over_weights', float('nan')):.1f}x |"
         )
+    for r in rows:
+        if r.get("by_hand_error"):
+            lines += ["", f"{r['model']}: ORT by hand failed: {r['by_hand_error']}"]
     for r in rows:
         lines += ["", f"{r['model']}: candidates"]
         for c in r.get("candidates", []):
@@ -361,6 +388,18 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def _watch(process: subprocess.Popen, max_gb: float) -> str | None:
+    """Wait for a child; kill it where its tree passes `max_gb` (then say so)."""
+    over = None
+    while process.poll() is None:
+        rss = tree_rss_gb(process.pid)
+        if max_gb and rss > max_gb:
+            over = f"killed at {rss:.1f} GB (--max-gb {max_gb:g})"
+            process.kill()
+        time.sleep(0.5)
+    return over
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--models", default=",".join(MODELS))
@@ -371,26 +410,36 @@ def main() -> None:
         "--max-gb", type=float, default=0.0, help="kill a model's child past this much memory"
     )
     parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--by-hand-child", help=argparse.SUPPRESS)
+    parser.add_argument("--by-hand", type=Path, help=argparse.SUPPRESS)  # its result
     parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.by_hand_child:
+        by_hand_export(args.by_hand_child, args.quick, args.out.parent, args.out)
+        return
     if args.child:
-        child(args.child, args.quick, not args.no_by_hand, args.out, args.max_gb)
+        found = json.loads(args.by_hand.read_text()) if args.by_hand else None
+        child(args.child, args.quick, found, args.out, args.max_gb)
         return
     rows = []
     for name in args.models.split(","):
         with tempfile.TemporaryDirectory(prefix="large-bench-") as tmp:
+            quick = ["--quick"] * args.quick
+            by_hand = None
+            if not args.no_by_hand:  # first, alone: its export is kept for the timing
+                by_hand = Path(tmp) / "by_hand.json"
+                command = [sys.executable, __file__, "--by-hand-child", name, "--out", str(by_hand)]
+                over = _watch(subprocess.Popen(command + quick), args.max_gb)
+                if not by_hand.exists():
+                    error = over or "it exited without a result"
+                    by_hand.write_text(json.dumps({"error": error, "export_s": float("nan"),
+                                                   "peak_over_weights": float("nan")}))  # fmt: skip
             out = Path(tmp) / "row.json"
-            command = [sys.executable, __file__, "--child", name, "--out", str(out)]
-            command += ["--quick"] * args.quick + ["--no-by-hand"] * args.no_by_hand
+            command = [sys.executable, __file__, "--child", name, "--out", str(out), *quick]
+            command += ["--by-hand", str(by_hand)] * (by_hand is not None)
             command += ["--max-gb", str(args.max_gb)] * bool(args.max_gb)
             child_process = subprocess.Popen(command)
-            over = None
-            while child_process.poll() is None:
-                rss = tree_rss_gb(child_process.pid)
-                if args.max_gb and rss > args.max_gb:
-                    over = f"killed at {rss:.1f} GB (--max-gb {args.max_gb:g})"
-                    child_process.kill()
-                time.sleep(0.5)
+            over = _watch(child_process, args.max_gb)
             row = json.loads(out.read_text()) if out.exists() else {"model": name}
             if child_process.returncode != 0:
                 row.setdefault("error", over or f"exit status {child_process.returncode}")

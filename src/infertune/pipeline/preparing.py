@@ -584,13 +584,9 @@ def _keep(state: _Candidate, run: _Run) -> None:
     # (ONNX Runtime 246 ms, 115-129 ms alone): the tournament waits for the conversions to
     # be done. This background thread compiles nothing meanwhile, so no more is held.
     run.converted.wait()
-    if not run.budget.limited:
-        # ... and for the rehearsals in the child: beside one, ONNX Runtime's default
-        # session (two threads) lost 2.2x where it was as fast as OpenVINO alone.
-        for other in run.states:
-            if other.rehearsal is not None:
-                with contextlib.suppress(Exception):  # its own wait says what went wrong
-                    other.rehearsal.wait(math.inf)
+    # ... and for the rehearsals in the child: beside one, ONNX Runtime's default session
+    # (two threads) lost 2.2x where it was as fast as OpenVINO alone.
+    _rehearsals_done(run)
     with run.lock:
         sample = run.checks[0].inputs
         runners = {s.backend.name: (lambda b=s.backend: b.run(sample)) for s in run.alive}
@@ -617,6 +613,17 @@ def _keep(state: _Candidate, run: _Run) -> None:
 
 # Seconds of the tournament's interleaved rounds (at least 3 rounds).
 TOURNAMENT_S = 2.0
+
+
+def _rehearsals_done(run: _Run) -> None:
+    """Wait for every rehearsal submitted to the child to be done (not with a time budget:
+    each candidate's own wait is bounded by it)."""
+    if run.budget.limited:
+        return
+    for other in run.states:
+        if other.rehearsal is not None:
+            with contextlib.suppress(Exception):  # its own wait says what went wrong
+                other.rehearsal.wait(math.inf)
 
 
 def _drop(
@@ -748,9 +755,12 @@ def _after_rehearsal(state: _Candidate, run: _Run) -> None:
         if not _wait(state.rehearsal, give_up):
             raise _BudgetOver("during its rehearsal in the child process")
     if run.large is not None and state.backend.memory_factor > 0:
-        # A large model's conversions hold 4-5.4x its weights each: a session compiled here
-        # meanwhile adds its copy to that peak, so it waits for them (its rehearsal went on).
+        # A large model's conversions hold 2-4.6x its weights each: a session compiled here
+        # meanwhile adds its copy to that peak, so it waits for them (its rehearsal went on);
+        # and for the rehearsals in the child, which hold a copy each (2.42 GB MLP: LiteRT
+        # rehearsed while OpenVINO compiled here took the peak from 3.2x to 6.0x).
         run.converted.wait()
+        _rehearsals_done(run)
     if run.budget.limited and run.budget.left_s() <= run.budget.after_s(1):
         raise _BudgetOver("before its compile here")
     state.deadline = _deadline(run, isolation)  # compiling here gets the full time again
