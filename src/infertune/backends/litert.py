@@ -20,10 +20,14 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import re
+import shutil
+import tempfile
 import threading
+import weakref
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -288,12 +292,12 @@ class LiteRT(Backend):
         output names that map their tensors; for an exact-shape one, why it is one."""
         settings: dict = {"threads": self.threads}
         if self._converted is not None:
-            (directory / "model.tflite").write_bytes(self._converted.content)
+            self._converted.write(directory / "model.tflite")
             settings["file"] = "model.tflite"
         else:
             settings["exact_reason"] = self.exact_reason
         if self._fixed is not None:
-            (directory / "model-fixed.tflite").write_bytes(self._fixed.content)
+            self._fixed.write(directory / "model-fixed.tflite")
             settings["fixed_file"] = "model-fixed.tflite"
         settings["output_names"] = list((self._converted or self._fixed).output_names)
         return settings
@@ -359,11 +363,10 @@ class _Interpreters:
         outputs: int,
         shapes: list[tuple[int, ...]] | None = None,
     ):
-        from ai_edge_litert.interpreter import Interpreter
-
         # The default op resolver (AUTO) applies XNNPACK, LiteRT's default CPU delegate, to
-        # the float ops it supports; the rest run on the builtin kernels.
-        self._open = partial(Interpreter, model_content=converted.content, num_threads=threads)
+        # the float ops it supports; the rest run on the builtin kernels. (The partial holds
+        # `converted`: a flatbuffer in a file of its own lives as long as these sessions.)
+        self._open = partial(converted.interpreter, num_threads=threads)
         self._shapes = shapes  # fixed: allocated at these shapes, never resized
         first = self._session()
         self.inputs = _input_order(first.interpreter.get_input_details(), inputs)
@@ -529,9 +532,54 @@ _NATIVE_CALLS = ("SetTensor", "Invoke", "GetTensor", "ResizeInputTensor", "Alloc
 class Converted:
     """A TFLite flatbuffer and the names of its outputs in the flat function's order."""
 
-    content: bytes
+    content: bytes  # b"" where `path` holds it
     output_names: tuple[str, ...]
     rewrites: tuple[str, ...] = ()  # notes of the exact rewrites made (rewrites.py)
+    # A large model's flatbuffer in a temporary file of its own, removed with this object:
+    # each interpreter maps it (XNNPACK packs the weights from it), and no copy of it stays
+    # in this process's memory while no LiteRT candidate runs (a 2.42 GB MLP's bytes, held
+    # from the conversion to the end, were 1x of its weights in every later peak).
+    path: Path | None = None
+    _cleanup: Any = field(default=None, repr=False, compare=False)
+
+    @property
+    def size(self) -> int:
+        return self.path.stat().st_size if self.path is not None else len(self.content)
+
+    def interpreter(self, **options: Any) -> Any:
+        """An Interpreter on the flatbuffer (from the file where there is one)."""
+        from ai_edge_litert.interpreter import Interpreter
+
+        if self.path is not None:
+            return Interpreter(model_path=str(self.path), **options)
+        return Interpreter(model_content=self.content, **options)
+
+    def write(self, destination: Path) -> None:
+        """The flatbuffer as the file `destination` (a hard link where it can be)."""
+        if self.path is None:
+            destination.write_bytes(self.content)
+            return
+        try:
+            os.link(self.path, destination)
+        except OSError:
+            shutil.copyfile(self.path, destination)
+
+
+def _in_own_file(content: bytes, output_names: Callable[[Converted], tuple[str, ...]]) -> Converted:
+    """A Converted whose flatbuffer is in a temporary file, removed with it; its output names
+    read from it by `output_names`."""
+    directory = Path(tempfile.mkdtemp(prefix="infertune-tflite-"))
+    path = directory / "model.tflite"
+    try:
+        path.write_bytes(content)
+        del content
+        converted = Converted(b"", output_names(Converted(b"", (), path=path)), path=path)
+    except BaseException:
+        shutil.rmtree(directory, ignore_errors=True)
+        raise
+    cleanup = weakref.finalize(converted, shutil.rmtree, str(directory), True)
+    object.__setattr__(converted, "_cleanup", cleanup)
+    return converted
 
 
 def _convert(target: Target, fixed: bool = False) -> Converted:
@@ -589,9 +637,6 @@ def _convert_large(target: Target, fixed: bool) -> Converted:
     of their own, no 2 GB message), converted from there with the weights stored after the
     flatbuffer (`_experimental_use_buffer_offset`: flatbuffers stop at 2 GB too). The outputs
     are a dict keyed in order, whose signature names their tensors in the flatbuffer."""
-    import shutil
-    import tempfile
-
     import tensorflow as tf
 
     flat, concrete = target.traced()
@@ -624,7 +669,7 @@ def _convert_large(target: Target, fixed: bool) -> Converted:
         del converter, convert
     finally:
         shutil.rmtree(directory, ignore_errors=True)
-    return Converted(content, _signature_output_names(content))
+    return _in_own_file(content, _signature_output_names)
 
 
 def _saved_model_converter(directory: str) -> tuple[Any, Callable[[], bytes]]:
@@ -663,15 +708,14 @@ def _saved_model_converter(directory: str) -> tuple[Any, Callable[[], bytes]]:
     return converter, convert
 
 
-def _signature_output_names(content: bytes) -> tuple[str, ...]:
+def _signature_output_names(converted: Converted) -> tuple[str, ...]:
     """The output tensors' names of a model converted from a SavedModel, in the order of
     its signature's output keys (out_0000, out_0001, ...), read by an interpreter without
     XNNPACK (which would pack a copy of every weight)."""
-    from ai_edge_litert.interpreter import Interpreter, OpResolverType
+    from ai_edge_litert.interpreter import OpResolverType
 
-    interpreter = Interpreter(
-        model_content=content,
-        experimental_op_resolver_type=OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES,
+    interpreter = converted.interpreter(
+        experimental_op_resolver_type=OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES
     )
     signature = next(iter(interpreter._get_full_signature_list().values()))
     names = {detail["index"]: detail["name"] for detail in interpreter.get_output_details()}
@@ -730,7 +774,7 @@ def build_conversion(target: Target) -> Converted:
 
 
 def write_conversion(converted: Converted, directory: Path) -> None:
-    (directory / "model.tflite").write_bytes(converted.content)
+    converted.write(directory / "model.tflite")
     (directory / "output_names.json").write_text(json.dumps(list(converted.output_names)))
     (directory / "rewrites.json").write_text(json.dumps(list(converted.rewrites)))
 
@@ -753,7 +797,7 @@ def _convert_fixed(target: Target, free: Converted) -> Converted | None:
     """The conversion at the sample's exact shapes, or None where the free-dimension one
     serves them as well: a model past FIXED_CONVERSION_MAX_BYTES, or one that reads no shape
     at run time, so that there is nothing to fold (see LiteRT)."""
-    if len(free.content) > FIXED_CONVERSION_MAX_BYTES:
+    if free.size > FIXED_CONVERSION_MAX_BYTES:
         return None
     if not reads_shapes(free, len(target.signature.specs), len(target.output_dtypes)):
         return None
