@@ -331,9 +331,11 @@ def _to_onnx(
     GraphDef several times) to 4.4x, then to 2.3-2.6x with each intermediate gone once the
     next step holds what it needs of it: the GraphDef with the weights after `_compressed`,
     the constants' bytes once tf2onnx made them ONNX tensors, no second copy of the weights
-    in the NodeProtos (`_tf2onnx_graph`), freed memory handed back between the steps. Two
-    copies of the weights remain at the peak, while TensorFlow freezes (its numpy values and
-    the GraphDef) and while tf2onnx makes its ONNX tensors (from the constants' bytes).
+    in the NodeProtos (`_tf2onnx_graph`), freed memory handed back between the steps; the
+    weights kept apart while TensorFlow freezes (`_weights_apart`: the 2.46 GB recommender's
+    export 4.0x -> 1.0x). Two copies remain at the peak, while tf2onnx makes its ONNX tensors
+    from the constants' bytes; a constant past HUGE_CONSTANT_BYTES is written to the data
+    file before (`_huge_to_file`).
 
     tf2onnx's `convert.from_function` is not used: it takes every placeholder of the traced
     function as a graph input, and a Keras 3 layer that keeps constants as plain tensors
@@ -395,7 +397,7 @@ def _tf2onnx_graph(
     input_names: list[str],
     output_names: list[str],
     renames: dict[str, str],
-    const_values: dict[str, bytes] | None,
+    const_values: dict[str, bytes | memoryview] | None,
     external: dict[str, Any] | None = None,
 ) -> Any:
     """tf2onnx's `process_tf_graph` (as `from_function` calls it), its two stages run here so
@@ -479,7 +481,9 @@ def _tf2onnx_graph(
 HUGE_CONSTANT_BYTES = 1 << 30
 
 
-def _huge_to_file(tf_graph: Any, const_values: dict[str, bytes], data_path: Path) -> dict:
+def _huge_to_file(
+    tf_graph: Any, const_values: dict[str, bytes | memoryview], data_path: Path
+) -> dict[str, Any]:
     """Each constant past HUGE_CONSTANT_BYTES written to the data file and taken out of
     `const_values`; its ONNX TensorProto (shape, type, where its bytes are) by tensor name."""
     import onnx
@@ -565,7 +569,7 @@ def _weights_apart(held: list[np.ndarray]) -> Iterator[None]:
             return original(values, dtype, shape, *args, **kwargs)
         held.append(values)
         return tensor_pb2.TensorProto(
-            dtype=dtype if dtype is not None else dtypes.as_dtype(values.dtype).as_datatype_enum,
+            dtype=dtypes.as_dtype(values.dtype if dtype is None else dtype).as_datatype_enum,
             tensor_shape=tensor_shape.as_shape(values.shape).as_proto(),
             version_number=-len(held),
         )
