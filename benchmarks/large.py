@@ -432,11 +432,14 @@ def main() -> None:
     for name in args.models.split(","):
         with tempfile.TemporaryDirectory(prefix="large-bench-") as tmp:
             quick = ["--quick"] * args.quick
+            # The children's temporary files (an ONNX export's, a TFLite flatbuffer's) go
+            # with this directory, also where --max-gb kills a child before it removes them.
+            env = {**os.environ, "TMPDIR": tmp}
             by_hand = None
             if not args.no_by_hand:  # first, alone: its export is kept for the timing
                 by_hand = Path(tmp) / "by_hand.json"
                 command = [sys.executable, __file__, "--by-hand-child", name, "--out", str(by_hand)]
-                over = _watch(subprocess.Popen(command + quick), args.max_gb)
+                over = _watch(subprocess.Popen(command + quick, env=env), args.max_gb)
                 if not by_hand.exists():
                     error = over or "it exited without a result"
                     by_hand.write_text(json.dumps({"error": error, "export_s": float("nan"),
@@ -445,7 +448,7 @@ def main() -> None:
             command = [sys.executable, __file__, "--child", name, "--out", str(out), *quick]
             command += ["--by-hand", str(by_hand)] * (by_hand is not None)
             command += ["--max-gb", str(args.max_gb)] * bool(args.max_gb)
-            child_process = subprocess.Popen(command)
+            child_process = subprocess.Popen(command, env=env)
             over = _watch(child_process, args.max_gb)
             row = json.loads(out.read_text()) if out.exists() else {"model": name}
             if child_process.returncode != 0:
