@@ -43,7 +43,7 @@ import time
 from pathlib import Path
 
 from infertune.errors import one_line
-from infertune.resources import tree_rss_bytes
+from infertune.resources import high_water_mark, tree_rss_bytes
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -57,12 +57,9 @@ def tree_rss_gb(pid: int | None = None) -> float:
 
 
 def _hwm_gb() -> float:
-    """This process's high-water mark (VmHWM) in GB: at least the tree's peak."""
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024 / 1e9
-    return 0.0
+    """This process's high-water mark in GB: at least the tree's peak. infertune's own resets
+    of VmHWM (around each conversion, to measure it) are folded in."""
+    return (high_water_mark() or 0) / 1e9
 
 
 class Sampler:

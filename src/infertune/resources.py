@@ -25,6 +25,7 @@ __all__ = [
     "MemoryPeak",
     "available_bytes",
     "high_water_above",
+    "high_water_mark",
     "release_freed_memory",
     "tree_rss_bytes",
 ]
@@ -53,10 +54,15 @@ def _malloc_trim():
 def available_bytes() -> int | None:
     """Memory the machine can give without swapping (Linux's MemAvailable), or None where it
     cannot be read."""
+    return _proc_bytes("/proc/meminfo", "MemAvailable")
+
+
+def _proc_bytes(path: str, key: str) -> int | None:
+    """A `key:  N kB` line of a /proc file (meminfo, a process's status) in bytes, or None."""
     try:
-        with open("/proc/meminfo") as meminfo:
-            for line in meminfo:
-                if line.startswith("MemAvailable:"):
+        with open(path) as lines:
+            for line in lines:
+                if line.startswith(key + ":"):
                     return int(line.split()[1]) * 1024
     except (OSError, ValueError, IndexError):
         pass
@@ -78,14 +84,7 @@ def tree_rss_bytes(pid: int | None = None) -> int | None:
 
 
 def _rss_bytes(pid: int) -> int | None:
-    try:
-        with open(f"/proc/{pid}/status") as status:
-            for line in status:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
+    return _proc_bytes(f"/proc/{pid}/status", "VmRSS")
 
 
 def _children(pid: int) -> list[int]:
@@ -142,7 +141,7 @@ class MemoryPeak:
             self._thread.join()
         self.sample()
         if self._own_hwm and self.peak is not None:
-            own = _high_water_mark()
+            own = high_water_mark()
             if own is not None:  # children held at least nothing at that moment
                 self.peak = max(self.peak, own)
 
@@ -152,22 +151,16 @@ class MemoryPeak:
 _folded_hwm = 0
 
 
-def _high_water_mark() -> int | None:
-    """This process's peak resident memory since MemoryPeak began (VmHWM, and what it was
-    before each reset since), or None."""
+def high_water_mark() -> int | None:
+    """This process's peak resident memory (VmHWM) since it was last reset by MemoryPeak, and
+    what it was before each conversion's reset since (high_water_above); None where /proc
+    cannot tell."""
     own = _own_high_water_mark()
     return None if own is None else max(own, _folded_hwm)
 
 
 def _own_high_water_mark() -> int | None:
-    try:
-        with open("/proc/self/status") as status:
-            for line in status:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
+    return _proc_bytes("/proc/self/status", "VmHWM")
 
 
 def _reset_high_water_mark(start: bool = False) -> bool:
