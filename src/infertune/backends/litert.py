@@ -20,12 +20,10 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import re
 import shutil
 import tempfile
 import threading
-import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
@@ -38,6 +36,7 @@ from ..environment import install_hint, usable_cores
 from ..errors import one_line
 from ..export.rewrites import rewriting_for_tflite
 from ..models import tensor_specs
+from ..paths import link_or_copy, remove_with
 from ..quiet import stderr_without
 from .base import Backend, Target
 
@@ -558,11 +557,8 @@ class Converted:
         """The flatbuffer as the file `destination` (a hard link where it can be)."""
         if self.path is None:
             destination.write_bytes(self.content)
-            return
-        try:
-            os.link(self.path, destination)
-        except OSError:
-            shutil.copyfile(self.path, destination)
+        else:
+            link_or_copy(self.path, destination)
 
 
 def _in_own_file(content: bytes, output_names: Callable[[Converted], tuple[str, ...]]) -> Converted:
@@ -577,8 +573,7 @@ def _in_own_file(content: bytes, output_names: Callable[[Converted], tuple[str, 
     except BaseException:
         shutil.rmtree(directory, ignore_errors=True)
         raise
-    cleanup = weakref.finalize(converted, shutil.rmtree, str(directory), True)
-    object.__setattr__(converted, "_cleanup", cleanup)
+    object.__setattr__(converted, "_cleanup", remove_with(converted, directory))
     return converted
 
 

@@ -28,7 +28,6 @@ import shutil
 import tempfile
 import threading
 import time
-import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,6 +37,7 @@ import numpy as np
 
 from ..errors import one_line
 from ..models import tensor_specs
+from ..paths import link_or_copy, remove_with
 from ..resources import release_freed_memory
 from ..settings import external_data_bytes
 from ..target import Target
@@ -112,7 +112,7 @@ def write_onnx(directory: Path, model: bytes | OnnxExport, exported: OnnxExport)
     settings = {"file": ONNX_FILE}
     if isinstance(model, OnnxExport) and model.directory is not None:
         (directory / ONNX_FILE).write_bytes(model.model_bytes)
-        _link_or_copy(model.directory / DATA_FILE, directory / DATA_FILE)
+        link_or_copy(model.directory / DATA_FILE, directory / DATA_FILE)
         settings["data_file"] = DATA_FILE
     else:
         model_bytes = model.model_bytes if isinstance(model, OnnxExport) else model
@@ -123,14 +123,6 @@ def write_onnx(directory: Path, model: bytes | OnnxExport, exported: OnnxExport)
         "output_names": list(exported.output_names),
         "opset": exported.opset,
     }
-
-
-def _link_or_copy(source: Path, destination: Path) -> None:
-    """A hard link where both are on one file system (a 2 GB file costs nothing), else a copy."""
-    try:
-        os.link(source, destination)
-    except OSError:
-        shutil.copyfile(source, destination)
 
 
 def read_onnx(directory: Path, settings: dict) -> OnnxExport:
@@ -181,8 +173,7 @@ def owned_export(directory: Path, like: OnnxExport) -> OnnxExport:
         parallel_width=like.parallel_width,
         directory=directory,
     )
-    cleanup = weakref.finalize(exported, shutil.rmtree, str(directory), True)
-    object.__setattr__(exported, "_cleanup", cleanup)
+    object.__setattr__(exported, "_cleanup", remove_with(exported, directory))
     return exported
 
 
