@@ -54,17 +54,16 @@ import numpy as np
 from timing import (
     EXACT_RTOL,
     ONNXRUNTIME_COOLDOWN_S,
+    RAW_RUNTIMES,
     fate_lines,
     machine_description,
-    milliseconds,
-    raw_cell,
     relative_error,
     run_in_child,
+    runtime_table,
     write_results,
 )
 from zoo import by_hand_runners, describe_input, flat_outputs, reason
 
-RAW_RUNTIMES = ("tf.function", "tf.function+XLA", "onnxruntime", "openvino-f32", "litert")
 CONVERTERS = ("tf.function+XLA", "onnxruntime", "openvino-f32", "litert")
 TOO_SLOW = 1.05  # infertune may be at most 5% slower than the fastest exact by-hand runtime
 SAMPLE_BATCH = 1  # a service's single request
@@ -448,30 +447,16 @@ def worst_error(r: dict) -> str:
 
 
 def markdown(results: list[dict]) -> str:
-    columns = [*RAW_RUNTIMES, "infertune"]
-    head = (
-        "| model | input | optimize() s | infertune chose | "
-        + " | ".join(columns)
-        + " | vs fastest exact by hand | vs tf.function | opt(x) err |"
+    def tail(r: dict) -> list[str]:
+        ratio = r["vs_tf_function"]
+        return ["-" if ratio is None else f"{ratio:.2f}x", worst_error(r)]
+
+    return runtime_table(
+        results,
+        ["vs tf.function", "opt(x) err"],
+        lambda r: "refused" if "optimize_failed" in r else r["selected"],
+        tail,
     )
-    lines = [head, "|---" * (len(columns) + 7) + "|"]
-    for r in results:
-        if "error" in r:
-            lines.append(f"| {r['model']} | | | {r['error']} |" + " |" * (len(columns) + 3))
-            continue
-        chose = "refused" if "optimize_failed" in r else r["selected"]
-        cells = [raw_cell(r, label) for label in RAW_RUNTIMES]
-        ours = r["p50_ms"].get("infertune")
-        cells.append("-" if ours is None else milliseconds(ours))
-        ratio, tf_ratio = r["vs_best_exact_raw"], r["vs_tf_function"]
-        versus = "-" if ratio is None else f"{ratio:.2f}x ({r['best_exact_raw']})"
-        versus_tf = "-" if tf_ratio is None else f"{tf_ratio:.2f}x"
-        lines.append(
-            f"| {r['model']} | {r['input']} | {r['optimize_s']:.0f} | {chose} | "
-            + " | ".join(cells)
-            + f" | {versus} | {versus_tf} | {worst_error(r)} |"
-        )
-    return "\n".join(lines)
 
 
 def fates(results: list[dict]) -> str:

@@ -119,6 +119,47 @@ def raw_cell(r: dict, label: str) -> str:
     return milliseconds(value) + (f" (err {err:.0e})" if err > EXACT_RTOL else "")
 
 
+# The runtimes written by hand that zoo.py and production.py time infertune against.
+RAW_RUNTIMES = ("tf.function", "tf.function+XLA", "onnxruntime", "openvino-f32", "litert")
+
+
+def runtime_table(
+    results: list[dict],
+    trailing: list[str],
+    chose: Callable[[dict], str],
+    tail: Callable[[dict], list[str]],
+) -> str:
+    """The markdown table of zoo.py and production.py: each model's input, optimize()'s
+    seconds, its choice (`chose(r)`), the p50 ms of every runtime by hand and of infertune,
+    the ratio to the fastest exact runtime by hand, then the `trailing` columns (`tail(r)`)."""
+    columns = [*RAW_RUNTIMES, "infertune"]
+    head = (
+        "| model | input | optimize() s | infertune chose | "
+        + " | ".join(columns)
+        + " | vs fastest exact by hand | "
+        + " | ".join(trailing)
+        + " |"
+    )
+    lines = [head, "|---" * (len(columns) + 5 + len(trailing)) + "|"]
+    for r in results:
+        if "error" in r:
+            lines.append(f"| {r['model']} | | | {r['error']} |" + " |" * (len(columns) + 3))
+            continue
+        cells = [raw_cell(r, label) for label in RAW_RUNTIMES]
+        ours = r["p50_ms"].get("infertune")
+        cells.append("-" if ours is None else milliseconds(ours))
+        ratio = r["vs_best_exact_raw"]
+        versus = "-" if ratio is None else f"{ratio:.2f}x ({r['best_exact_raw']})"
+        lines.append(
+            f"| {r['model']} | {r['input']} | {r['optimize_s']:.0f} | {chose(r)} | "
+            + " | ".join(cells)
+            + f" | {versus} | "
+            + " | ".join(tail(r))
+            + " |"
+        )
+    return "\n".join(lines)
+
+
 def fate_lines(title: str, candidates: list[dict]) -> list[str]:
     """A model's line of every candidate's fate (the names by status), then a line for each
     candidate that failed, mismatched or timed out, with its reason."""

@@ -43,16 +43,15 @@ import numpy as np
 from timing import (
     EXACT_RTOL,
     ONNXRUNTIME_COOLDOWN_S,
+    RAW_RUNTIMES,
     fate_lines,
     machine_description,
-    milliseconds,
-    raw_cell,
     relative_error,
     run_in_child,
+    runtime_table,
     write_results,
 )
 
-RAW_RUNTIMES = ("tf.function", "tf.function+XLA", "onnxruntime", "openvino-f32", "litert")
 CHECK_BATCH = 4  # the other batch size the callable is checked at (the sample's is 1)
 TOO_SLOW = 1.05  # infertune may be at most 5% slower than the fastest exact by-hand runtime
 
@@ -431,29 +430,12 @@ def worst_callable_error(r: dict) -> str:
 
 
 def markdown(results: list[dict]) -> str:
-    columns = [*RAW_RUNTIMES, "infertune"]
-    head = (
-        "| model | input | optimize() s | infertune chose | "
-        + " | ".join(columns)
-        + " | vs fastest exact by hand | opt(x) err | exact candidates rejected |"
+    return runtime_table(
+        results,
+        ["opt(x) err", "exact candidates rejected"],
+        lambda r: r["selected"],
+        lambda r: [worst_callable_error(r), ", ".join(r["exact_mismatch"]) or "none"],
     )
-    lines = [head, "|---" * (len(columns) + 7) + "|"]
-    for r in results:
-        if "error" in r:
-            lines.append(f"| {r['model']} | | | {r['error']} |" + " |" * (len(columns) + 3))
-            continue
-        cells = [raw_cell(r, label) for label in RAW_RUNTIMES]
-        ours = r["p50_ms"].get("infertune")
-        cells.append("-" if ours is None else milliseconds(ours))
-        ratio = r["vs_best_exact_raw"]
-        versus = "-" if ratio is None else f"{ratio:.2f}x ({r['best_exact_raw']})"
-        rejected = ", ".join(r["exact_mismatch"]) or "none"
-        lines.append(
-            f"| {r['model']} | {r['input']} | {r['optimize_s']:.0f} | {r['selected']} | "
-            + " | ".join(cells)
-            + f" | {versus} | {worst_callable_error(r)} | {rejected} |"
-        )
-    return "\n".join(lines)
 
 
 def fates(results: list[dict]) -> str:
