@@ -42,6 +42,8 @@ LIMITS = Limits(max_body_mb=1 / 16, max_decoded_mb=1 / 16, max_batch_size=4)
 # Enough examples to reach every mutation and most pairs of them in a few seconds; more with
 # INFERTUNE_FUZZ_EXAMPLES=20000 for a longer search.
 EXAMPLES = int(os.environ.get("INFERTUNE_FUZZ_EXAMPLES", "300"))
+# Fixtures made once per test, slow examples and large bodies are what these tests are for.
+UNCHECKED = [HealthCheck.function_scoped_fixture, HealthCheck.too_slow, HealthCheck.data_too_large]
 
 _DATATYPES = ["BOOL", "UINT8", "INT8", "INT32", "INT64", "FP16", "FP32", "FP64", "BYTES", "BF16"]
 _JSON = st.recursive(
@@ -195,9 +197,7 @@ def _check_response(model: ServedModel, request, content: bytes, headers: dict) 
     assert offset == len(content)
 
 
-@settings(max_examples=EXAMPLES, deadline=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
-                                 HealthCheck.data_too_large])  # fmt: skip
+@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=UNCHECKED)
 @given(request=requests())
 def test_every_generated_request_ends_in_outputs_or_a_4xx(served, request):
     body, headers = request
@@ -274,9 +274,7 @@ def text_served(text_saved):
     return ServedModel(text_saved)
 
 
-@settings(max_examples=EXAMPLES // 2, deadline=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
-                                 HealthCheck.data_too_large])  # fmt: skip
+@settings(max_examples=EXAMPLES // 2, deadline=None, suppress_health_check=UNCHECKED)
 @given(request=string_requests())
 def test_every_generated_bytes_request_ends_in_outputs_or_a_4xx(text_served, request):
     body, header_length = request
@@ -328,9 +326,7 @@ def _starlette_request(body: bytes, headers: dict[str, str], chunk: int, declare
     return Request(scope, receive)
 
 
-@settings(max_examples=EXAMPLES // 2, deadline=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
-                                 HealthCheck.data_too_large])  # fmt: skip
+@settings(max_examples=EXAMPLES // 2, deadline=None, suppress_health_check=UNCHECKED)
 @given(request=requests(), chunk=st.sampled_from([1000, 2**14, 2**20]),
        declare_length=st.booleans())  # fmt: skip
 def test_the_replicas_handler_answers_every_generated_request(endpoints, request, chunk,
