@@ -82,6 +82,13 @@ class Target:
         """weights_bytes() where something measured it already, else None."""
         return self._weights
 
+    def memory_factors(self) -> dict[str, float]:
+        """Each conversion's measured peak (`memory_peaks`) in copies of the weights."""
+        weights = self._weights
+        if not weights:
+            return {}
+        return {key: above / weights for key, above in self.memory_peaks.items()}
+
     def weights_bytes(self) -> int:
         """Bytes of the variables the traced function captures (what freezing makes
         constants, what every conversion copies); measured once."""

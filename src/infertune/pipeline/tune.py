@@ -185,7 +185,7 @@ def _tune(
     )  # fmt: skip
     times.total_s = progress.elapsed()
     statuses = {r.name: r.status for r in results}
-    learn_from_run(record, planned, kinds, statuses, times, serving, _conversion_memory(target))
+    learn_from_run(record, planned, kinds, statuses, times, serving, target.memory_factors())
     notes = (
         [versus.note()]
         + _notes(target, checks, results)
@@ -321,14 +321,6 @@ def load_for_tuning(model: Any, sample_input: Any, progress: Progress) -> Model:
         )
         progress.say(f"{source.description}; inputs {signature.describe()}")
     return Model(source, signature, sample, growth)
-
-
-def _conversion_memory(target: Target) -> dict[str, float]:
-    """Each conversion's measured peak in copies of the weights (large models only)."""
-    weights = target.weights_measured
-    if not weights or not target.memory_peaks:
-        return {}
-    return {key: above / weights for key, above in target.memory_peaks.items()}
 
 
 def _budget(options: Options, first_call_s: float, planned: Probe, record: MachineRecord):
