@@ -176,6 +176,28 @@ def _median_ms(fn, inputs, seconds: float) -> list[float]:
     return times
 
 
+def flat_function(model, sample):
+    """The model as a function of flat tensors, as a user writes it for tf2onnx or
+    tf.function: the input names (the dict's keys, or "x"), their TensorSpecs with a free
+    batch dimension, and the call."""
+    import tensorflow as tf
+
+    if isinstance(sample, dict):
+        names = list(sample)
+
+        def call(*args):
+            return model(dict(zip(names, args)))
+    else:
+        names = ["x"]
+
+        def call(x):
+            return model(x)
+
+    feeds = sample if isinstance(sample, dict) else {"x": sample}
+    specs = [tf.TensorSpec((None, *feeds[n].shape[1:]), feeds[n].dtype, name=n) for n in names]
+    return names, specs, call
+
+
 def by_hand_export(name: str, quick: bool, directory: Path, out: Path) -> None:
     """The by-hand half, in a child of its own (the 2 GB models need the machine to
     themselves): ONNX as a user writes it, tf2onnx's from_function, with `large_model=True`
@@ -194,19 +216,7 @@ def by_hand_export(name: str, quick: bool, directory: Path, out: Path) -> None:
     model(sample)
     release_freed_memory()
     before = tree_rss_gb()
-    if isinstance(sample, dict):
-        names = list(sample)
-        signature = [tf.TensorSpec((None, *sample[n].shape[1:]), sample[n].dtype, name=n)
-                     for n in names]  # fmt: skip
-
-        def call(*args):
-            return model(dict(zip(names, args)))
-    else:
-        names = ["x"]
-        signature = [tf.TensorSpec((None, *sample.shape[1:]), sample.dtype, name="x")]
-
-        def call(x):
-            return model(x)
+    names, signature, call = flat_function(model, sample)
 
     large = weights > 1.8e9
     path = directory / ("by_hand.zip" if large else "by_hand.onnx")
@@ -300,15 +310,10 @@ def child(name: str, quick: bool, by_hand: dict | None, out: Path, max_gb: float
     out.write_text(json.dumps(row, indent=2, default=str))  # what is known so far
 
     # The result against tf.function and ONNX Runtime by hand, interleaved.
-    if isinstance(sample, dict):
-        names = list(sample)
-        specs = [tf.TensorSpec((None, *sample[n].shape[1:]), sample[n].dtype) for n in names]
-        function = tf.function(lambda *a: model(dict(zip(names, a))), input_signature=specs)
-        args = [tf.constant(sample[n]) for n in names]
-    else:
-        specs = [tf.TensorSpec((None, *sample.shape[1:]), sample.dtype)]
-        function = tf.function(lambda x: model(x), input_signature=specs)
-        args = [tf.constant(sample)]
+    names, specs, call = flat_function(model, sample)
+    function = tf.function(call, input_signature=specs)
+    feeds = sample if isinstance(sample, dict) else {"x": sample}
+    args = [tf.constant(feeds[n]) for n in names]
     runners = {
         "infertune": lambda _: opt(sample),
         "tf.function": lambda _: function(*args).numpy(),
