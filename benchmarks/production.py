@@ -53,8 +53,6 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np
 from timing import (
     EXACT_RTOL,
-    ONNXRUNTIME_COOLDOWN_S,
-    RAW_RUNTIMES,
     fate_lines,
     machine_description,
     relative_error,
@@ -62,7 +60,7 @@ from timing import (
     runtime_table,
     write_results,
 )
-from zoo import by_hand_runners, describe_input, flat_outputs, reason
+from zoo import describe_input, flat_outputs, reason, timed_against_by_hand
 
 CONVERTERS = ("tf.function+XLA", "onnxruntime", "openvino-f32", "litert")
 TOO_SLOW = 1.05  # infertune may be at most 5% slower than the fastest exact by-hand runtime
@@ -366,7 +364,6 @@ def candidate_fates(report) -> list[dict]:
 
 def run_model(name: str, quick: bool, budget_s: float) -> dict:
     import keras
-    from timing import measure_runners
 
     import infertune
 
@@ -393,40 +390,11 @@ def run_model(name: str, quick: bool, budget_s: float) -> dict:
             callable_err=callable_errors(opt, model, spec, sizes, rng),
             report=opt.report.to_dict(),
         )
-    print(f"[production] {name}: runtimes by hand", file=sys.stderr, flush=True)
-    runners, failed, build_s = by_hand_runners(model, sample)
     reference = flat_outputs(reference_call(model, spec)(sample))
-    raw_err = {}
-    for label in list(runners):
-        try:
-            raw_err[label] = relative_error(runners[label](), reference)
-        except Exception as exc:
-            failed[label] = f"first call: {reason(exc)}"
-            del runners[label]
-    cooldown = {"onnxruntime": ONNXRUNTIME_COOLDOWN_S}
-    if opt is not None:
-        runners["infertune"] = lambda: opt(sample)
-        cooldown["infertune"] = max(b.cooldown_s for b in opt.backends)
-    print(f"[production] {name}: measuring {len(runners)} runners", file=sys.stderr, flush=True)
-    measured = measure_runners(runners, budget_s=budget_s, cooldown_s=cooldown)
-    for label, why in measured.errors.items():
-        failed[label] = f"measurement: {why}"
-    p50 = {label: stats.p50 for label, stats in measured.stats.items()}
-    exact = {
-        label: p50[label]
-        for label in RAW_RUNTIMES
-        if label in p50 and raw_err.get(label, 1.0) <= EXACT_RTOL
-    }
-    best = min(exact, key=exact.get) if exact else None
-    ours = p50.get("infertune")
+    result.update(timed_against_by_hand(name, "production", model, sample, reference, opt,
+                                        budget_s))  # fmt: skip
+    p50, ours = result["p50_ms"], result["p50_ms"].get("infertune")
     result.update(
-        raw_failed=failed,
-        raw_rel_err=raw_err,
-        raw_build_s=build_s,
-        p50_ms=p50,
-        stats={label: s.to_dict() for label, s in measured.stats.items()},
-        best_exact_raw=best,
-        vs_best_exact_raw=exact[best] / ours if best and ours else None,
         vs_tf_function=p50["tf.function"] / ours if ours and "tf.function" in p50 else None,
         # a converter ran the model by hand (exact or not: the model's body converts)
         converted_by_hand=[label for label in CONVERTERS if label in p50],

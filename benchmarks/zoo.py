@@ -338,7 +338,6 @@ def callable_errors(opt, model, spec: ZooModel, rng: np.random.Generator) -> dic
 
 def run_model(name: str, budget_s: float) -> dict:
     import keras
-    from timing import measure_runners
 
     import infertune
 
@@ -366,33 +365,8 @@ def run_model(name: str, budget_s: float) -> dict:
     ]
     print(f"[zoo] {name}: checking opt(x) at other batch sizes and sizes", file=sys.stderr)
     errors_opt = callable_errors(opt, model, spec, rng)
-    print(f"[zoo] {name}: runtimes by hand", file=sys.stderr, flush=True)
-    runners, failed, build_s = by_hand_runners(model, sample)
-    reference = flat_outputs(model(sample))
-    raw_err = {}
-    for label in list(runners):
-        try:
-            raw_err[label] = relative_error(runners[label](), reference)
-        except Exception as exc:
-            failed[label] = f"first call: {reason(exc)}"
-            del runners[label]
-    runners["infertune"] = lambda: opt(sample)
-    print(f"[zoo] {name}: measuring {len(runners)} runners", file=sys.stderr, flush=True)
-    cooldown = {
-        "onnxruntime": ONNXRUNTIME_COOLDOWN_S,
-        "infertune": max(b.cooldown_s for b in opt.backends),  # a fast path's included
-    }
-    measured = measure_runners(runners, budget_s=budget_s, cooldown_s=cooldown)
-    for label, why in measured.errors.items():
-        failed[label] = f"measurement: {why}"
-    p50 = {label: stats.p50 for label, stats in measured.stats.items()}
-    exact = {
-        label: p50[label]
-        for label in RAW_RUNTIMES
-        if label in p50 and raw_err.get(label, 1.0) <= EXACT_RTOL
-    }
-    best = min(exact, key=exact.get) if exact else None
-    ours = p50.get("infertune")
+    timed = timed_against_by_hand(name, "zoo", model, sample, flat_outputs(model(sample)),
+                                  opt, budget_s)  # fmt: skip
     return {
         "model": name,
         "family": spec.family,
@@ -408,6 +382,45 @@ def run_model(name: str, budget_s: float) -> dict:
             if c["precision"] == "fp32" and c["status"] == "mismatch"
         },
         "callable_rel_err": errors_opt,
+        **timed,
+        "report": report.to_dict(),
+    }
+
+
+def timed_against_by_hand(
+    name: str, tag: str, model, sample, reference: list, opt, budget_s: float
+) -> dict:
+    """The runtimes written by hand, each checked against `reference` on its first call, and
+    `opt(sample)` where there is one, timed in interleaved rounds: a result's raw_failed,
+    raw_rel_err, raw_build_s, p50_ms, stats, best_exact_raw and vs_best_exact_raw."""
+    from timing import measure_runners
+
+    print(f"[{tag}] {name}: runtimes by hand", file=sys.stderr, flush=True)
+    runners, failed, build_s = by_hand_runners(model, sample)
+    raw_err = {}
+    for label in list(runners):
+        try:
+            raw_err[label] = relative_error(runners[label](), reference)
+        except Exception as exc:
+            failed[label] = f"first call: {reason(exc)}"
+            del runners[label]
+    cooldown = {"onnxruntime": ONNXRUNTIME_COOLDOWN_S}
+    if opt is not None:
+        runners["infertune"] = lambda: opt(sample)
+        cooldown["infertune"] = max(b.cooldown_s for b in opt.backends)  # a fast path's too
+    print(f"[{tag}] {name}: measuring {len(runners)} runners", file=sys.stderr, flush=True)
+    measured = measure_runners(runners, budget_s=budget_s, cooldown_s=cooldown)
+    for label, why in measured.errors.items():
+        failed[label] = f"measurement: {why}"
+    p50 = {label: stats.p50 for label, stats in measured.stats.items()}
+    exact = {
+        label: p50[label]
+        for label in RAW_RUNTIMES
+        if label in p50 and raw_err.get(label, 1.0) <= EXACT_RTOL
+    }
+    best = min(exact, key=exact.get) if exact else None
+    ours = p50.get("infertune")
+    return {
         "raw_failed": failed,
         "raw_rel_err": raw_err,
         "raw_build_s": build_s,
@@ -415,7 +428,6 @@ def run_model(name: str, budget_s: float) -> dict:
         "stats": {label: s.to_dict() for label, s in measured.stats.items()},
         "best_exact_raw": best,
         "vs_best_exact_raw": exact[best] / ours if best and ours else None,
-        "report": report.to_dict(),
     }
 
 
