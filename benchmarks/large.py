@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import subprocess
 import sys
@@ -356,6 +357,12 @@ def _memory_gb() -> float:
     return float("nan")
 
 
+def _figure(row: dict, key: str, form: str) -> str:
+    """row[key] in `form`, or "-" where it was not measured (--no-by-hand, a failure)."""
+    value = row.get(key)
+    return "-" if value is None or math.isnan(value) else form.format(value)
+
+
 def table(rows: list[dict]) -> str:
     lines = [
         f"Machine: {os.cpu_count()} cores, {_memory_gb():.0f} GiB of memory. Peak: resident "
@@ -379,8 +386,8 @@ def table(rows: list[dict]) -> str:
             f"{r['peak_gb']:.2f} GB | {r['peak_gb'] - r['rss_before_gb']:.2f} GB | "
             f"{r['peak_over_weights']:.1f}x | {r['optimize_s']:.0f} s | {r['selected']} | "
             f"{ms('infertune')} | {ms('tf.function')} | {ms('ort by hand')} | "
-            f"{r.get('by_hand_export_s', float('nan')):.0f} s | "
-            f"{r.get('by_hand_peak_over_weights', float('nan')):.1f}x |"
+            f"{_figure(r, 'by_hand_export_s', '{:.0f} s')} | "
+            f"{_figure(r, 'by_hand_peak_over_weights', '{:.1f}x')} |"
         )
     for r in rows:
         if r.get("by_hand_error"):

@@ -157,3 +157,29 @@ def prepared_backend(backend, model, sample):
     target = target_for(model, sample)
     backend.prepare(target)
     return backend, target.signature
+
+
+def mapped_resident_bytes(path: str) -> int:
+    """Resident bytes of this process's mappings of files whose path starts with `path`
+    (/proc/self/smaps; Linux)."""
+    resident, inside = 0, False
+    with open("/proc/self/smaps") as smaps:
+        for line in smaps:
+            first = line.split(maxsplit=1)[0]
+            if "-" in first and not first.endswith(":"):  # a mapping's header line
+                fields = line.split(maxsplit=5)
+                inside = len(fields) == 6 and fields[5].startswith(path)
+            elif inside and first == "Rss:":
+                resident += int(line.split()[1]) * 1024
+    return resident
+
+
+def on_tmpfs(path: str) -> bool:
+    """Whether `path` lies on a tmpfs, whose pages cannot leave memory without swap."""
+    best, kind = "", ""
+    with open("/proc/mounts") as mounts:
+        for line in mounts:
+            _, point, fs_type = line.split()[:3]
+            if path.startswith(point) and len(point) > len(best):
+                best, kind = point, fs_type
+    return kind == "tmpfs"

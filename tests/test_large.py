@@ -5,10 +5,20 @@ so that every path a 2 GB model takes runs here in seconds."""
 
 from __future__ import annotations
 
+import os
+import sys
+import tempfile
+
 import numpy as np
 import onnx
 import pytest
-from conftest import assert_matches_model, dense_model, target_for
+from conftest import (
+    assert_matches_model,
+    dense_model,
+    mapped_resident_bytes,
+    on_tmpfs,
+    target_for,
+)
 
 import infertune
 from infertune.export.onnx import DATA_FILE, ONNX_FILE, export_onnx
@@ -124,7 +134,7 @@ def test_every_candidate_runs_external_data_and_a_saved_result_carries_it(large,
 
 def test_the_large_tflite_conversion_never_loads_the_saved_model_in_python(large, monkeypatch, rng):
     # TensorFlow's own SavedModel path loads the model, variables and all, twice in Python
-    # before its C++ converter reads it again (litert._saved_model_converter); on these
+    # before its C++ converter reads it again (litert_child._saved_model_converter); on these
     # versions neither load is made (if TensorFlow's private names move, the conversion takes
     # TensorFlow's own path, and this fails).
     import tensorflow as tf
@@ -332,3 +342,56 @@ def test_a_large_tflite_flatbuffer_lives_in_a_file_of_its_own(large, rng, tmp_pa
     expected, outputs = model(fresh), loaded(fresh)
     for key in expected:
         assert_matches_model(expected[key], outputs[key])
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="madvise(MADV_PAGEOUT): Linux")
+def test_the_result_holds_no_page_of_its_weight_file_until_a_call_reads_it(large, rng):
+    """XNNPACK packs the weights into buffers of its own: after optimize() the flatbuffer's
+    mapped pages are out of memory (a call reads back the ones it uses), outputs unchanged."""
+    own_files = os.path.join(tempfile.gettempdir(), "infertune-")
+    model, sample = recommender(), recommender_sample(rng)
+    opt = infertune.optimize(model, sample, backends=["litert"], verbose=False)
+    assert opt.backend == "litert", str(opt.report)
+    if not on_tmpfs(own_files):
+        assert mapped_resident_bytes(own_files) == 0
+    fresh = recommender_sample(np.random.default_rng(6), batch=3)
+    expected, outputs = model(fresh), opt(fresh)
+    for key in expected:
+        assert_matches_model(expected[key], outputs[key])
+
+
+def test_a_conversion_past_the_child_threshold_runs_in_a_child_whose_peak_is_counted(
+    large, monkeypatch, rng, tmp_path
+):
+    """Past CHILD_CONVERSION_MIN_BYTES the TFLite conversion runs in a child process (what
+    TensorFlow's allocators keep stays there): the same outputs, its peak in the report's,
+    and the converter's own error where it fails."""
+    from infertune import target as target_module
+    from infertune.backends import litert, litert_child
+
+    monkeypatch.setattr(litert, "CHILD_CONVERSION_MIN_BYTES", 0)
+    monkeypatch.setattr(target_module, "RELEASE_AFTER_BYTES", 0)  # conversions' peaks kept
+    children = []
+    real = litert_child.subprocess.run
+
+    def counted(command, **kwargs):
+        if "infertune.backends.litert_child" in command:
+            children.append(command)
+        return real(command, **kwargs)
+
+    monkeypatch.setattr(litert_child.subprocess, "run", counted)
+    model, sample = recommender(), recommender_sample(rng)
+    opt = infertune.optimize(model, sample, backends=["litert"], verbose=False)
+    assert opt.backend == "litert", str(opt.report)
+    assert children  # the free conversion, and the one at the sample's shapes
+    fresh = recommender_sample(np.random.default_rng(7), batch=2)
+    expected, outputs = model(fresh), opt(fresh)
+    for key in expected:
+        assert_matches_model(expected[key], outputs[key])
+    # The child imported TensorFlow (hundreds of MB): its peak is the conversion's.
+    conversions = opt.report.memory["conversions_bytes"]
+    assert conversions["TFLite conversion"] > 100e6, conversions
+    assert opt.report.memory["peak_bytes"] - opt.report.memory["before_bytes"] > 100e6
+
+    with pytest.raises(RuntimeError, match="TFLite conversion in a child process failed"):
+        litert_child.convert_in_child(str(tmp_path / "no-saved-model"), tmp_path / "m.tflite")

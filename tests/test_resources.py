@@ -4,11 +4,15 @@ file of infertune's is left. Resident memory itself: benchmarks/memory.py (docs/
 from __future__ import annotations
 
 import gc
+import mmap
 import os
+import shutil
+import sys
 import tempfile
 
 import numpy as np
-from conftest import dense_model
+import pytest
+from conftest import dense_model, mapped_resident_bytes, on_tmpfs
 
 import infertune
 
@@ -71,3 +75,59 @@ def test_temporary_files_are_removed_when_a_candidate_crashes(rng, tmp_path, mon
     opt = infertune.optimize(dense_model(), x, backends=[SegfaultsAtFirstCall()], verbose=False)
     assert "SIGSEGV" in opt.report.candidates[1].reason
     assert [n for n in os.listdir(scratch) if not n.startswith(AUTOGRAPH)] == []
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="madvise(MADV_PAGEOUT): Linux")
+def test_pages_of_its_own_weight_files_leave_memory_and_their_data_stays(tmp_path):
+    """page_out_own_files: the pages of infertune's temporary files a runtime mapped leave
+    this process's resident memory; none of their data changes, a page written through a
+    private mapping included; another file's pages stay."""
+    from infertune.resources import page_out_own_files
+
+    size = 8 << 20
+    data = np.random.default_rng(0).integers(0, 255, size, dtype=np.uint8).tobytes()
+    own_dir = tempfile.mkdtemp(prefix="infertune-pages-")
+    own, other = os.path.join(own_dir, "weights.bin"), str(tmp_path / "other.bin")
+    try:
+        for path in (own, other):
+            with open(path, "wb") as file:
+                file.write(data)
+        with open(own, "rb") as f1, open(other, "rb") as f2:
+            mapped = mmap.mmap(f1.fileno(), 0, access=mmap.ACCESS_COPY)  # private, as runtimes
+            kept = mmap.mmap(f2.fileno(), 0, access=mmap.ACCESS_READ)
+        assert mapped[:] == data and kept[:] == data  # every page read: resident
+        mapped[:5] = b"wrote"  # a page this process changed (copy on write)
+        assert mapped_resident_bytes(own) >= size // 2
+
+        advised = page_out_own_files()
+
+        assert advised >= size
+        if advised and not on_tmpfs(own):
+            assert mapped_resident_bytes(own) < size // 4
+            assert mapped_resident_bytes(other) >= size // 2
+        assert mapped[:5] == b"wrote" and mapped[5:] == data[5:]
+        assert kept[:] == data
+        mapped.close()
+        kept.close()
+    finally:
+        shutil.rmtree(own_dir, ignore_errors=True)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc/self/status: Linux")
+def test_the_peak_said_during_tuning_includes_a_conversion_the_samples_missed():
+    """A spike between two samples (a converter holding the GIL) is in the peak the memory
+    line gives, not only in the report's peak after the run; so is one from before a later
+    conversion reset the high-water mark."""
+    from infertune.resources import MemoryPeak, high_water_above, release_freed_memory
+
+    release_freed_memory()
+    memory = MemoryPeak(every_s=3600).start()  # no sample of its own during the spike
+    try:
+        spike = 300 << 20
+        _, above = high_water_above(lambda: np.ones(spike, dtype=np.uint8).sum())
+        assert above is not None and above >= spike * 0.9
+        high_water_above(lambda: None)  # a later conversion resets it again
+        memory.sample()
+        assert memory.peak - memory.before >= spike * 0.9
+    finally:
+        memory.stop()

@@ -21,7 +21,7 @@ from .options import DEFAULT_CANDIDATE_TIMEOUT_S, Options, known_backends
 from .paths import user_path
 from .pipeline.tune import load_for_tuning, tune
 from .progress import Progress
-from .resources import release_freed_memory
+from .resources import page_out_own_files, release_freed_memory
 from .result.saved import open_saved, restore
 
 __all__ = ["available_backends", "load", "optimize"]
@@ -144,8 +144,10 @@ def _optimize(
             entry.store(choice, report, progress)
         opt = Optimized(choice, report, options.saved())
     # Everything the run built is garbage now (rejected candidates, conversions, reference
-    # outputs): hand the freed heap back to the OS instead of leaving it to the allocator.
+    # outputs): hand the freed heap back to the OS instead of leaving it to the allocator,
+    # and the pages of the chosen one's weight files its runtime no longer reads.
     release_freed_memory()
+    page_out_own_files()
     return opt
 
 

@@ -12,8 +12,10 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import gc
+import mmap
 import os
 import sys
+import tempfile
 import threading
 from collections.abc import Callable
 from functools import cache
@@ -26,6 +28,8 @@ __all__ = [
     "available_bytes",
     "high_water_above",
     "high_water_mark",
+    "note_child_peak",
+    "page_out_own_files",
     "release_freed_memory",
     "tree_rss_bytes",
 ]
@@ -40,15 +44,66 @@ def release_freed_memory() -> None:
 
 
 @cache
-def _malloc_trim():
-    """glibc's malloc_trim, or None elsewhere (macOS, Windows, musl)."""
+def _linux_libc() -> ctypes.CDLL | None:
+    """The C library on Linux, or None (macOS, Windows, or none found)."""
     if not sys.platform.startswith("linux"):
         return None
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        return libc.malloc_trim
-    except (OSError, AttributeError):
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+    except OSError:
         return None
+
+
+def _malloc_trim():
+    """glibc's malloc_trim, or None elsewhere (macOS, Windows, musl)."""
+    return getattr(_linux_libc(), "malloc_trim", None)
+
+
+def page_out_own_files() -> int:
+    """Take out of this process's resident memory the pages it has mapped of infertune's own
+    temporary files (an ONNX export's external data, a TFLite flatbuffer), and return the
+    bytes of the mappings so advised (0 where this cannot be done: not Linux 5.4+).
+
+    XNNPACK and OpenVINO's CPU plugin pack the weights into buffers of their own and leave the
+    file's pages resident, unread: on a BERT-base-sized model (0.44 GB of weights) 0.42 GB of
+    the flatbuffer and 0.47 GB of the external data, of which the next calls read back 0.11
+    and 0.08 GB. MADV_PAGEOUT never changes data (a page a runtime wrote to stays; one read
+    again comes back from the file), so the outputs are the same; the kernel would reclaim
+    these clean pages under pressure anyway, this does it before the next copy is made."""
+    advise = _madvise()
+    if advise is None:
+        return 0
+    prefix = os.path.join(tempfile.gettempdir(), "infertune-")
+    advised = 0
+    try:
+        with open("/proc/self/maps") as maps:
+            lines = maps.read().splitlines()
+    except OSError:
+        return 0
+    for line in lines:
+        fields = line.split(maxsplit=5)
+        if len(fields) < 6 or not fields[5].startswith(prefix):
+            continue
+        start, end = (int(bound, 16) for bound in fields[0].split("-"))
+        if advise(start, end - start, MADV_PAGEOUT) == 0:
+            advised += end - start
+    return advised
+
+
+# Linux's value (5.4+; an older kernel answers EINVAL): Python's mmap module names it only
+# where the headers it was built with did.
+MADV_PAGEOUT = getattr(mmap, "MADV_PAGEOUT", 21)
+
+
+@cache
+def _madvise():
+    """libc's madvise on Linux, or None."""
+    advise = getattr(_linux_libc(), "madvise", None)
+    if advise is None:
+        return None
+    advise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    advise.restype = ctypes.c_int
+    return advise
 
 
 def available_bytes() -> int | None:
@@ -130,20 +185,22 @@ class MemoryPeak:
         while not self._stop.wait(self.every_s):
             self.sample()
 
-    def sample(self) -> None:
-        rss = tree_rss_bytes()
-        if rss is not None and (self.peak is None or rss > self.peak):
-            self.peak = rss
-
     def stop(self) -> None:
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
         self.sample()
+
+    def sample(self) -> None:
+        """The peak so far: the tree sampled now, and this process's own high-water mark
+        (children held at least nothing at that moment)."""
+        rss = tree_rss_bytes()
+        if rss is not None and (self.peak is None or rss > self.peak):
+            self.peak = rss
         if self._own_hwm and self.peak is not None:
             own = high_water_mark()
-            if own is not None:  # children held at least nothing at that moment
-                self.peak = max(self.peak, own)
+            if own is not None:
+                self.peak = max(self.peak, own, _with_children_peak)
 
 
 # This process's high-water mark before its last reset: a conversion's own peak is measured by
@@ -167,7 +224,7 @@ def _reset_high_water_mark(start: bool = False) -> bool:
     """Reset VmHWM to the resident memory now (Linux: "5" to /proc/self/clear_refs), keeping
     what it was in _folded_hwm (`start`: forgetting it); False where that cannot be done (the
     high-water mark then covers time before optimize())."""
-    global _folded_hwm
+    global _folded_hwm, _with_children_peak
     before = _own_high_water_mark()
     try:
         with open("/proc/self/clear_refs", "w") as refs:
@@ -175,16 +232,35 @@ def _reset_high_water_mark(start: bool = False) -> bool:
     except OSError:
         return False
     _folded_hwm = 0 if start else max(_folded_hwm, before or 0)
+    if start:
+        _with_children_peak = 0
     return True
+
+
+# A child process's own peak, noted by what ran it (note_child_peak): the most the last
+# high_water_above's build ran in a child, and this process's memory with that child's peak.
+_child_above = 0
+_with_children_peak = 0
+
+
+def note_child_peak(child_bytes: int) -> None:
+    """A child process's peak resident memory (its VmHWM: sampling every 0.5 s misses a
+    converter's peak) into the conversion's peak (high_water_above) and MemoryPeak's, added
+    to what this process holds now."""
+    global _child_above, _with_children_peak
+    _child_above = max(_child_above, child_bytes)
+    _with_children_peak = max(_with_children_peak, (_rss_bytes(os.getpid()) or 0) + child_bytes)
 
 
 def high_water_above(build: Callable[[], T]) -> tuple[T, int | None]:
     """build()'s value, and the most this process held while it ran above what it held when
     it began (bytes; None where /proc cannot tell): a conversion's own peak, which sampling
     misses (a converter holding the GIL starves the sampling thread)."""
+    global _child_above
     before = _rss_bytes(os.getpid())
     if before is None or not _reset_high_water_mark():
         return build(), None
+    _child_above = 0
     value = build()
     after = _own_high_water_mark()
-    return value, None if after is None else max(0, after - before)
+    return value, None if after is None else max(0, after - before, _child_above)

@@ -39,6 +39,7 @@ from ..models import tensor_specs
 from ..paths import link_or_copy, remove_with
 from ..quiet import stderr_without
 from .base import Backend, Target
+from .litert_child import convert_in_child, convert_saved_model
 
 __all__ = [
     "LiteRT",
@@ -561,14 +562,15 @@ class Converted:
             link_or_copy(self.path, destination)
 
 
-def _in_own_file(content: bytes, output_names: Callable[[Converted], tuple[str, ...]]) -> Converted:
-    """A Converted whose flatbuffer is in a temporary file, removed with it; its output names
-    read from it by `output_names`."""
+def _in_own_file(
+    write: Callable[[Path], None], output_names: Callable[[Converted], tuple[str, ...]]
+) -> Converted:
+    """A Converted whose flatbuffer `write` puts in a temporary file, removed with it; its
+    output names read from it by `output_names`."""
     directory = Path(tempfile.mkdtemp(prefix="infertune-tflite-"))
     path = directory / "model.tflite"
     try:
-        path.write_bytes(content)
-        del content
+        write(path)
         converted = Converted(b"", output_names(Converted(b"", (), path=path)), path=path)
     except BaseException:
         shutil.rmtree(directory, ignore_errors=True)
@@ -650,57 +652,26 @@ def _convert_large(target: Target, fixed: bool) -> Converted:
     directory = tempfile.mkdtemp(prefix="infertune-tflite-")
     try:
         tf.saved_model.save(module, directory, signatures=function.get_concrete_function())
-        converter, convert = _saved_model_converter(directory)
-        if not hasattr(converter, "_experimental_use_buffer_offset"):
-            raise RuntimeError(
-                "this TFLite converter cannot store weights outside the flatbuffer, which "
-                "stops at 2 GB"
-            )
-        converter._experimental_use_buffer_offset = True
-        converter.exclude_conversion_metadata = True
-        converter.optimizations = []
-        converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS]
-        content = convert()
-        del converter, convert
+        del module, function
+        if target.weights_bytes() >= CHILD_CONVERSION_MIN_BYTES:
+            return _in_own_file(partial(convert_in_child, directory), _signature_output_names)
+        flatbuffer = [convert_saved_model(directory)]
     finally:
         shutil.rmtree(directory, ignore_errors=True)
-    return _in_own_file(content, _signature_output_names)
+
+    def write(path: Path) -> None:
+        path.write_bytes(flatbuffer.pop())  # and no reference left to the bytes
+
+    return _in_own_file(write, _signature_output_names)
 
 
-def _saved_model_converter(directory: str) -> tuple[Any, Callable[[], bytes]]:
-    """The converter of the SavedModel in `directory`, and the call that converts it without
-    the two Python loads of the whole SavedModel TensorFlow's own path makes:
-    `from_saved_model` loads it (variables and all) to list its signatures, and `convert()`
-    loads it again for the stack traces of its error messages, before the C++ converter
-    reads the variables once more. Their memory goes back to the heap, not always to the
-    C++ converter: on a BERT-base-sized model (0.44 GB), with the heap trimmed after the
-    SavedModel was written, the conversion's high-water mark was 5.1-5.4x the weights above
-    what the process held, and 4.0-4.2x without the loads; where the C++ converter reused
-    what they freed it was 4.1x either way (the C++ converter's own share), 1-1.5 s faster
-    without them. The model's outputs are bit for bit the same (the flatbuffer orders its
-    buffers differently from one run to the next either way). The signature is the one
-    `tf.saved_model.save` wrote (serving_default). Where TensorFlow's private names moved,
-    its own path converts: the same result, with the larger peak (tests/test_large.py fails
-    on the pinned versions if that happens)."""
-    import tensorflow as tf
-
-    tags = {tf.saved_model.SERVING}
-    try:
-        from tensorflow.lite.python.lite import TFLiteSavedModelConverterV2
-
-        converter = TFLiteSavedModelConverterV2(directory, tags, ["serving_default"])
-        load, from_graph = converter._load_saved_model, converter._convert_from_saved_model
-    except (ImportError, AttributeError, TypeError):
-        converter = None
-    if converter is None or converter.saved_model_dir is None:  # not its SavedModel path
-        converter = tf.lite.TFLiteConverter.from_saved_model(directory)
-        return converter, converter.convert
-
-    def convert() -> bytes:
-        graph_def, _, _ = load(directory, tags)  # the graph alone, no variables
-        return from_graph(graph_def)
-
-    return converter, convert
+# From this many bytes of weights the large conversion runs in a child process of its own
+# (litert_child.py): TensorFlow's allocators keep what the converter used here (oneDNN's
+# pool, 0.9x the weights, for the rest of the process), and the converter's threads each
+# allocate in an arena of their own (4.2-5.0x the weights in a worker thread, 3.4x in a
+# child that has one arena). The child's TensorFlow costs 0.65 GB resident: past 1 GB of
+# weights it holds less than the pool alone would keep here.
+CHILD_CONVERSION_MIN_BYTES = 1 << 30
 
 
 def _signature_output_names(converted: Converted) -> tuple[str, ...]:

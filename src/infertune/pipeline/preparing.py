@@ -40,7 +40,7 @@ from ..measure import measure_interleaved
 from ..options import Options
 from ..progress import Progress
 from ..report import CandidateResult
-from ..resources import available_bytes
+from ..resources import available_bytes, page_out_own_files
 from ..settings import hold_all_bytes, memory_limit_bytes, tf_worker_mode
 from ..target import Target
 from ..verify import Comparison, compare_outputs
@@ -823,6 +823,10 @@ def _compile(state: _Candidate, run: _Run, isolation: Isolation, stage: Callable
         f"{name}: preparing",
         lambda: isolation.call(lambda: backend.prepare(target), deadline, "prepare"),
     )
+    if run.large is not None:
+        # Its runtime packed the weights into buffers of its own: the file's pages it
+        # mapped (the flatbuffer, the external data) go before the next copy is made.
+        page_out_own_files()
     # prepare_s: its own stages before the first call, plus every shared conversion it uses
     # (the ONNX export), whoever paid for it, so that each candidate shows its whole cost.
     result.prepare_s = (
