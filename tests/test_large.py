@@ -371,6 +371,8 @@ def test_a_conversion_past_the_child_threshold_runs_in_a_child_whose_peak_is_cou
 
     monkeypatch.setattr(litert, "CHILD_CONVERSION_MIN_BYTES", 0)
     monkeypatch.setattr(target_module, "RELEASE_AFTER_BYTES", 0)  # conversions' peaks kept
+    # The child's TensorFlow against a few KB of weights: not a factor for other tests to learn.
+    monkeypatch.setenv("INFERTUNE_MACHINE_FILE", str(tmp_path / "machine.json"))
     children = []
     real = litert_child.subprocess.run
 
