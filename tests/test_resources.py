@@ -9,7 +9,6 @@ import os
 import shutil
 import sys
 import tempfile
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -119,13 +118,17 @@ def test_the_peak_said_during_tuning_includes_a_conversion_the_samples_missed():
     """A spike between two samples (a converter holding the GIL) is in the peak the memory
     line gives, not only in the report's peak after the run; so is one from before a later
     conversion reset the high-water mark."""
-    from infertune.resources import MemoryPeak, high_water_above, release_freed_memory
+    from infertune.resources import (
+        MemoryPeak,
+        _rss_bytes,
+        high_water_above,
+        release_freed_memory,
+    )
 
     release_freed_memory()
     memory = MemoryPeak(every_s=3600).start()  # no sample of its own during the spike
     # This process alone: children left by earlier tests count in `before`, not in its VmHWM.
-    own_before = Path("/proc/self/status").read_text().split("VmRSS:")[1].split()[0]
-    own_before = int(own_before) * 1024
+    own_before = _rss_bytes(os.getpid())
     try:
         spike = 300 << 20
         _, above = high_water_above(lambda: np.ones(spike, dtype=np.uint8).sum())

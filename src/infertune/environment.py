@@ -35,6 +35,16 @@ _PACKAGES = (
 _CPU_FLAGS = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni", "avx512_fp16", "amx_bf16")
 
 
+def child_environment(**extra: str) -> dict[str, str]:
+    """The environment for a child Python process that imports what this one does: this
+    process's, with its sys.path as PYTHONPATH (an editable install, a test's path), and
+    `extra` on top."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if isinstance(p, str) and p)
+    env.update(extra)
+    return env
+
+
 def usable_cores() -> int:
     """CPU cores this process may run on (its affinity), the count thread settings go by."""
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1

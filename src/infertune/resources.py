@@ -59,6 +59,11 @@ def _malloc_trim():
     return getattr(_linux_libc(), "malloc_trim", None)
 
 
+# Linux's value (5.4+; an older kernel answers EINVAL): Python's mmap module names it only
+# where the headers it was built with did.
+MADV_PAGEOUT = getattr(mmap, "MADV_PAGEOUT", 21)
+
+
 def page_out_own_files() -> int:
     """Take out of this process's resident memory the pages it has mapped of infertune's own
     temporary files (an ONNX export's external data, a TFLite flatbuffer), and return the
@@ -88,11 +93,6 @@ def page_out_own_files() -> int:
         if advise(start, end - start, MADV_PAGEOUT) == 0:
             advised += end - start
     return advised
-
-
-# Linux's value (5.4+; an older kernel answers EINVAL): Python's mmap module names it only
-# where the headers it was built with did.
-MADV_PAGEOUT = getattr(mmap, "MADV_PAGEOUT", 21)
 
 
 @cache

@@ -653,16 +653,11 @@ def _convert_large(target: Target, fixed: bool) -> Converted:
     try:
         tf.saved_model.save(module, directory, signatures=function.get_concrete_function())
         del module, function
-        if target.weights_bytes() >= CHILD_CONVERSION_MIN_BYTES:
-            return _in_own_file(partial(convert_in_child, directory), _signature_output_names)
-        flatbuffer = [convert_saved_model(directory)]
+        in_child = target.weights_bytes() >= CHILD_CONVERSION_MIN_BYTES
+        convert = convert_in_child if in_child else convert_saved_model
+        return _in_own_file(partial(convert, directory), _signature_output_names)
     finally:
         shutil.rmtree(directory, ignore_errors=True)
-
-    def write(path: Path) -> None:
-        path.write_bytes(flatbuffer.pop())  # and no reference left to the bytes
-
-    return _in_own_file(write, _signature_output_names)
 
 
 # From this many bytes of weights the large conversion runs in a child process of its own

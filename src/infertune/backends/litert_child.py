@@ -16,13 +16,13 @@ read when a process starts) and the system allocator for oneDNN
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ..environment import child_environment
 from ..errors import one_line
 from ..resources import high_water_mark, note_child_peak
 
@@ -42,9 +42,8 @@ def convert_in_child(saved_model: str, destination: Path) -> None:
     """Write the TFLite conversion of `saved_model` to `destination` from a child process;
     its peak goes into this process's accounts (resources.note_child_peak). Raises
     RuntimeError with the converter's own message where it fails."""
-    env = {**os.environ, **LEAN_ENVIRONMENT}
-    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if isinstance(p, str) and p)
     command = [sys.executable, "-m", __name__, saved_model, str(destination)]
+    env = child_environment(**LEAN_ENVIRONMENT)
     done = subprocess.run(command, env=env, capture_output=True, text=True, errors="replace")
     error = destination.parent / ERROR_FILE
     if done.returncode != 0 or not destination.is_file():
@@ -58,9 +57,10 @@ def convert_in_child(saved_model: str, destination: Path) -> None:
         note_child_peak(int(lines[-1]))
 
 
-def convert_saved_model(directory: str) -> bytes:
-    """The SavedModel in `directory` as a TFLite flatbuffer: float32, builtin ops only, the
-    weights stored after the flatbuffer (past 2 GB it could not hold them)."""
+def convert_saved_model(directory: str, destination: Path) -> None:
+    """Write the SavedModel in `directory` as a TFLite flatbuffer to `destination` (what the
+    child does, and this process below CHILD_CONVERSION_MIN_BYTES): float32, builtin ops
+    only, the weights stored after the flatbuffer (past 2 GB it could not hold them)."""
     import tensorflow as tf
 
     converter, convert = _saved_model_converter(directory)
@@ -72,7 +72,7 @@ def convert_saved_model(directory: str) -> bytes:
     converter.exclude_conversion_metadata = True
     converter.optimizations = []
     converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS]
-    return convert()
+    destination.write_bytes(convert())
 
 
 def _saved_model_converter(directory: str) -> tuple[Any, Callable[[], bytes]]:
@@ -119,7 +119,7 @@ def _tail(text: str, limit: int = 300) -> str:
 def main() -> None:
     saved_model, destination = sys.argv[1], Path(sys.argv[2])
     try:
-        destination.write_bytes(convert_saved_model(saved_model))
+        convert_saved_model(saved_model, destination)
     except Exception as exc:
         (destination.parent / ERROR_FILE).write_text(one_line(exc))
         sys.exit(1)

@@ -46,6 +46,7 @@ from typing import Any
 import numpy as np
 
 from ..backends.base import Backend, Target
+from ..environment import child_environment
 
 __all__ = [
     "CandidateCrashed",
@@ -416,8 +417,7 @@ class _Worker:
         python = _python_executable()
         self._log_path = directory / f"child-{time.monotonic_ns()}.log"
         self._log = open(self._log_path, "wb")  # noqa: SIM115 (closed in stop/kill)
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if isinstance(p, str) and p)
+        env = child_environment()
         try:
             self._process = subprocess.Popen(
                 [python, "-m", "infertune.pipeline.rehearsal_child", str(directory)],

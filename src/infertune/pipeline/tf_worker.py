@@ -16,7 +16,6 @@ the report's notes say.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -28,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from ..backends import litert
+from ..environment import child_environment
 
 __all__ = ["OFFLOADABLE", "OffloadedConversion"]
 
@@ -67,8 +67,7 @@ class OffloadedConversion:
                 "dtypes": [str(d) for d in target.output_dtypes],
             }
             (self.directory / "job.json").write_text(json.dumps(spec))
-            env = dict(os.environ)
-            env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if isinstance(p, str) and p)
+            env = child_environment()
             self._log = open(self.directory / "worker.log", "wb")  # noqa: SIM115 (close())
             self._process = subprocess.Popen(
                 [sys.executable, "-m", "infertune.pipeline.tf_worker", str(self.directory)],
