@@ -1,7 +1,7 @@
 """Large models: optimize() on models of hundreds of MB to past 2 GB of weights.
 
 python benchmarks/large.py [--models bert,recommender,dense] [--quick] [--no-by-hand]
-                           [--max-gb GB] [--json FILE]
+                           [--max-gb GB] [--lean-allocators] [--json FILE]
 
 Each model is built with random weights in a child process of its own (one at a time: the
 2 GB models need the machine's memory to themselves):
@@ -25,7 +25,9 @@ its model is what the timing child loads. `--quick` builds
 small models of the same shapes (a smoke test of the script, seconds each). `--max-gb`
 kills a model's child whose memory passes it (on a machine shared with other work), and
 sets INFERTUNE_MEMORY_BYTES in the child (unless set) to what it leaves above the model
-built, so that optimize() skips what would not fit instead.
+built, so that optimize() skips what would not fit instead. `--lean-allocators` starts the
+children with infertune.resources.LEAN_ALLOCATORS (one glibc arena, the system allocator
+under oneDNN), which keep less of what the conversions used.
 
 Prints one markdown table (for docs/benchmarks.md) with the machine's memory.
 """
@@ -44,7 +46,7 @@ import time
 from pathlib import Path
 
 from infertune.errors import one_line
-from infertune.resources import high_water_mark, tree_rss_bytes
+from infertune.resources import LEAN_ALLOCATORS, high_water_mark, tree_rss_bytes
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -425,6 +427,12 @@ def main() -> None:
     parser.add_argument(
         "--max-gb", type=float, default=0.0, help="kill a model's child past this much memory"
     )
+    parser.add_argument(
+        "--lean-allocators",
+        action="store_true",
+        help="start each child with infertune's LEAN_ALLOCATORS (one glibc arena, the "
+        "system allocator under oneDNN)",
+    )
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--by-hand-child", help=argparse.SUPPRESS)
     parser.add_argument("--by-hand", type=Path, help=argparse.SUPPRESS)  # its result
@@ -444,6 +452,8 @@ def main() -> None:
             # The children's temporary files (an ONNX export's, a TFLite flatbuffer's) go
             # with this directory, also where --max-gb kills a child before it removes them.
             env = {**os.environ, "TMPDIR": tmp}
+            if args.lean_allocators:
+                env.update(LEAN_ALLOCATORS)
             by_hand = None
             if not args.no_by_hand:  # first, alone: its export is kept for the timing
                 by_hand = Path(tmp) / "by_hand.json"

@@ -277,6 +277,82 @@ def test_a_large_model_compiles_xla_after_the_conversions(monkeypatch, rng):
     assert export_ended and first_call and first_call[0] >= export_ended[0]
 
 
+def test_a_large_model_calls_tf_function_after_the_conversions(monkeypatch, rng):
+    """tf-function's calls wait for the ONNX export to end: a call reading a variable while
+    the export froze it made TensorFlow copy the variable (the 2.46 GB recommender's table,
+    in copy-on-read mode) and keep the copy to the end."""
+    import time
+
+    from infertune.backends import TfFunction
+    from infertune.export import onnx as onnx_export
+
+    monkeypatch.setenv("INFERTUNE_HOLD_ALL_BYTES", "1")
+    export_ended, first_call = [], []
+    convert = onnx_export._convert
+
+    def slow_convert(target):  # long enough for a call beside it to be seen
+        try:
+            time.sleep(1.0)
+            return convert(target)
+        finally:
+            export_ended.append(time.perf_counter())
+
+    class Function(TfFunction):
+        def run(self, inputs):
+            first_call.append(time.perf_counter())
+            return super().run(inputs)
+
+    monkeypatch.setattr(onnx_export, "_convert", slow_convert)
+    opt = infertune.optimize(
+        dense_model(64, 3),
+        rng.standard_normal((4, 64)),
+        backends=[Function(), "onnxruntime-cpu"],
+    )
+    by_name = {c.name: c for c in opt.report.candidates}
+    assert by_name["tf-function"].max_rel_err is not None, str(opt.report)
+    assert export_ended and first_call and first_call[0] >= export_ended[0]
+
+
+def test_a_large_model_is_not_checked_under_concurrent_callers(monkeypatch, rng):
+    """Each concurrent caller of a TensorFlow candidate may hold its own copy of a variable
+    in copy-on-read mode (7.5 GB more under 4 callers on the 2.46 GB recommender): a large
+    model's choice is not measured again under several callers."""
+    import threading
+
+    from infertune.backends import TfFunction
+
+    monkeypatch.setenv("INFERTUNE_HOLD_ALL_BYTES", "1")
+    lock, running, most = threading.Lock(), [0], [0]
+
+    class Function(TfFunction):
+        def run(self, inputs):
+            with lock:
+                running[0] += 1
+                most[0] = max(most[0], running[0])
+            try:
+                return super().run(inputs)
+            finally:
+                with lock:
+                    running[0] -= 1
+
+    opt = infertune.optimize(
+        dense_model(16, 3),
+        rng.standard_normal((4, 16)),
+        backends=[Function(), "onnxruntime-cpu", "openvino-cpu"],
+    )
+    assert "concurrency check" not in opt.report.stages.shared, str(opt.report)
+    assert most[0] == 1
+    # The same model, not counted large: the check runs, tf-function among its callers.
+    monkeypatch.delenv("INFERTUNE_HOLD_ALL_BYTES")
+    opt = infertune.optimize(
+        dense_model(16, 3),
+        rng.standard_normal((4, 16)),
+        backends=[Function(), "onnxruntime-cpu", "openvino-cpu"],
+    )
+    assert "concurrency check" in opt.report.stages.shared, str(opt.report)
+    assert most[0] > 1
+
+
 def test_xla_is_skipped_for_the_memory_its_compile_takes(monkeypatch, rng):
     from infertune.pipeline.preparing import MEMORY_RESERVE
 

@@ -49,6 +49,8 @@ class Target:
     # Past RELEASE_AFTER_BYTES of weights: each conversion made here, the most this process
     # held while it ran above what it held before (bytes), for the machine's record.
     memory_peaks: dict[str, int] = field(default_factory=dict, repr=False)
+    # Why the model counts as large here (preparing._large_model), None where it does not.
+    large: str | None = field(default=None, repr=False)
 
     def traced(self) -> tuple[Any, Any]:
         """The model as one tf.function of its flat inputs, batch free, and its concrete

@@ -24,16 +24,12 @@ from typing import Any
 
 from ..environment import child_environment
 from ..errors import one_line
-from ..resources import high_water_mark, note_child_peak
+from ..resources import LEAN_ALLOCATORS, high_water_mark, note_child_peak
 
 __all__ = ["LEAN_ENVIRONMENT", "convert_in_child", "convert_saved_model"]
 
 # The child's allocators: one glibc arena, and the system allocator under oneDNN.
-LEAN_ENVIRONMENT = {
-    "MALLOC_ARENA_MAX": "1",
-    "TF_ONEDNN_USE_SYSTEM_ALLOCATOR": "1",
-    "TF_CPP_MIN_LOG_LEVEL": "2",
-}
+LEAN_ENVIRONMENT = {**LEAN_ALLOCATORS, "TF_CPP_MIN_LOG_LEVEL": "2"}
 
 ERROR_FILE = "error.txt"
 

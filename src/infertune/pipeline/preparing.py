@@ -40,7 +40,7 @@ from ..measure import measure_interleaved
 from ..options import Options
 from ..progress import Progress
 from ..report import CandidateResult
-from ..resources import available_bytes, page_out_own_files
+from ..resources import available_bytes, page_out_own_files, release_freed_memory
 from ..settings import hold_all_bytes, memory_limit_bytes, tf_worker_mode
 from ..target import Target
 from ..verify import Comparison, compare_outputs
@@ -180,7 +180,7 @@ def prepare_all(
     # The model itself runs as the caller runs it, in this thread, with no deadline.
     if _admitted(reference, options) and _in_process(reference, run, Isolation("off", None)):
         run.contenders[reference.backend.name] = reference.backend
-    run.large = _large_model(others, run)
+    run.large = target.large = _large_model(others, run)
     run.states = others
     isolation.start()  # the child's imports overlap the next candidate's conversion
     if probe is not None:
@@ -289,6 +289,10 @@ def _offload(others: list[_Candidate], run: _Run) -> None:
             continue
         stage = shared_stage(key)
         busy = _free_core() if mode == "auto" else None
+        if busy is None and mode == "auto" and run.large is not None:
+            # The worker's TensorFlow (0.65 GB), its copy of the model and its conversion
+            # (3-4x the weights) would all be held beside this process's ONNX export.
+            busy = f"the model is large here ({run.large})"
         if busy is None:
             busy = _no_memory_for_worker(key, run)
         if busy is not None:
@@ -654,6 +658,8 @@ def _drop(
     run.progress.say(f"{name}: closed, {result.reason}")
     with contextlib.suppress(Exception):  # what it held goes when it is collected
         state.backend.close()
+    # Its runtime's buffers go back to the heap, where glibc keeps them unless asked.
+    release_freed_memory()
 
 
 def _skip(state: _Candidate, run: _Run, reason: str) -> bool:
@@ -846,9 +852,12 @@ def _first_call_and_verify(
     name, deadline = backend.name, state.deadline
     stage = _background_stage if in_background else _stage
     checks = checks_for(backend, run.checks)
-    if in_background and run.large is not None and backend.compile_memory_factor > 0:
-        # XLA compiles at its first call, holding 3x the weights: beside the ONNX export
-        # (4x) that made the export's peak 5x; it waits for the conversions to be done.
+    if in_background and run.large is not None:
+        # On a large model nothing runs beside the conversions: XLA compiles at its first
+        # call, holding 3x the weights (beside the ONNX export's 4x: 5x); and a call reading
+        # a variable while a conversion reads it too made TensorFlow copy it (a variable in
+        # copy-on-read mode: the 2.46 GB recommender's table, read by tf-function's
+        # verification while the export froze it), a copy its allocator kept to the end.
         run.converted.wait()
     if backend.exact_shapes is not None:
         result.exact_shapes = [list(shape) for shape in backend.exact_shapes]

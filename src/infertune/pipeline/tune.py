@@ -23,7 +23,7 @@ from ..models import ModelSource, load_model
 from ..options import REFERENCE_NAMES, Options
 from ..progress import Progress
 from ..report import CandidateResult, Diagnosis, Report, memory_line
-from ..resources import MemoryPeak
+from ..resources import MemoryPeak, allocators_note
 from ..result.choice import Choice
 from ..splitting import Split, find_split
 from ..stages import StageTimes
@@ -170,7 +170,7 @@ def _tune(
     choice = selection.choice
     under_load = concurrency_note(
         choice.general.name, results, contenders, sample, signature.sample_batch or 1, options,
-        progress,
+        progress, large=target.large is not None,
     )  # fmt: skip
     kept = {id(backend) for backend in choice.backends}
     for backend in contenders.values():
@@ -204,6 +204,9 @@ def _tune(
         )
     report = _report(model, options, results, environment, selection, notes, diagnosis, times)
     report.memory = _memory(memory, target, progress)
+    tip = allocators_note() if report.memory is not None and target.large else None
+    if tip is not None:
+        report.notes.append(tip)
     progress.say(f"selected {serving}: {report.selection_reason}")
     if choice.exact_shape:
         progress.say(f"every other shape: {choice.general.name}: {selection.general_reason}")
