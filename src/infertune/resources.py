@@ -66,8 +66,8 @@ def _malloc_trim():
 # which keeps TensorFlow's large tensors for the rest of the process). Both are read when
 # the process starts (TensorFlow's at its first large allocation): the TFLite conversion's
 # child process gets them (litert_child.py); optimize() in a process started with them
-# peaked at 3.8x a BERT-base-sized model's weights, 5.2x without (benchmarks/large.py
-# --lean-allocators).
+# peaked at 3.8-4.4x a BERT-base-sized model's weights, 4.9-5.2x without (two runs each;
+# benchmarks/large.py --lean-allocators).
 LEAN_ALLOCATORS = {"MALLOC_ARENA_MAX": "1", "TF_ONEDNN_USE_SYSTEM_ALLOCATOR": "1"}
 
 
@@ -82,7 +82,7 @@ def allocators_note() -> str | None:
     return (
         f"memory: TensorFlow's pool and glibc's per-thread arenas keep much of what the "
         f"conversions used; a process started with {' '.join(missing)} gives it back (on a "
-        f"BERT-base-sized model the peak went from 5.2x to 3.8x the weights); TensorFlow's "
+        f"BERT-base-sized model the peak went from 4.9-5.2x to 3.8-4.4x the weights); TensorFlow's "
         f"own speed with them was not measured"
     )
 
