@@ -248,11 +248,12 @@ def test_a_large_model_tries_no_session_option_or_thread_variants(monkeypatch, r
     assert "not tried on a model this large" not in (threads.reason or "")
 
 
-def test_a_large_model_compiles_xla_after_the_conversions(monkeypatch, rng):
-    """XLA's compile (3x the weights) waits for the ONNX export (4x) to end, not beside it."""
+def _first_call_and_export_end(monkeypatch, rng, backend_class, export_delay_s=0.0):
+    """optimize() on a model counted large with a `backend_class` candidate and ONNX Runtime,
+    the ONNX export delayed by `export_delay_s`: the report, when the candidate was first
+    called, and when the export ended (perf_counter)."""
     import time
 
-    from infertune.backends import TfXla
     from infertune.export import onnx as onnx_export
 
     monkeypatch.setenv("INFERTUNE_HOLD_ALL_BYTES", "1")
@@ -261,58 +262,47 @@ def test_a_large_model_compiles_xla_after_the_conversions(monkeypatch, rng):
 
     def timed_convert(target):
         try:
+            time.sleep(export_delay_s)
             return convert(target)
         finally:
             export_ended.append(time.perf_counter())
 
-    class Xla(TfXla):
+    class Recorded(backend_class):
         def run(self, inputs):
             first_call.append(time.perf_counter())
             return super().run(inputs)
 
     monkeypatch.setattr(onnx_export, "_convert", timed_convert)
     opt = infertune.optimize(
-        dense_model(64, 3), rng.standard_normal((4, 64)), backends=[Xla(), "onnxruntime-cpu"]
+        dense_model(64, 3), rng.standard_normal((4, 64)), backends=[Recorded(), "onnxruntime-cpu"]
     )
-    by_name = {c.name: c for c in opt.report.candidates}
-    assert by_name["onnxruntime-cpu"].max_rel_err is not None, str(opt.report)
-    assert export_ended and first_call and first_call[0] >= export_ended[0]
+    assert export_ended and first_call, str(opt.report)
+    return opt.report, first_call[0], export_ended[0]
+
+
+def test_a_large_model_compiles_xla_after_the_conversions(monkeypatch, rng):
+    """XLA's compile (3x the weights) waits for the ONNX export (4x) to end, not beside it."""
+    from infertune.backends import TfXla
+
+    report, first_call, export_ended = _first_call_and_export_end(monkeypatch, rng, TfXla)
+    by_name = {c.name: c for c in report.candidates}
+    assert by_name["onnxruntime-cpu"].max_rel_err is not None, str(report)
+    assert first_call >= export_ended
 
 
 def test_a_large_model_calls_tf_function_after_the_conversions(monkeypatch, rng):
     """tf-function's calls wait for the ONNX export to end: a call reading a variable while
     the export froze it made TensorFlow copy the variable (the 2.46 GB recommender's table,
-    in copy-on-read mode) and keep the copy to the end."""
-    import time
-
+    in copy-on-read mode) and keep the copy to the end. The export takes a second more, long
+    enough for a call beside it to be seen."""
     from infertune.backends import TfFunction
-    from infertune.export import onnx as onnx_export
 
-    monkeypatch.setenv("INFERTUNE_HOLD_ALL_BYTES", "1")
-    export_ended, first_call = [], []
-    convert = onnx_export._convert
-
-    def slow_convert(target):  # long enough for a call beside it to be seen
-        try:
-            time.sleep(1.0)
-            return convert(target)
-        finally:
-            export_ended.append(time.perf_counter())
-
-    class Function(TfFunction):
-        def run(self, inputs):
-            first_call.append(time.perf_counter())
-            return super().run(inputs)
-
-    monkeypatch.setattr(onnx_export, "_convert", slow_convert)
-    opt = infertune.optimize(
-        dense_model(64, 3),
-        rng.standard_normal((4, 64)),
-        backends=[Function(), "onnxruntime-cpu"],
+    report, first_call, export_ended = _first_call_and_export_end(
+        monkeypatch, rng, TfFunction, export_delay_s=1.0
     )
-    by_name = {c.name: c for c in opt.report.candidates}
-    assert by_name["tf-function"].max_rel_err is not None, str(opt.report)
-    assert export_ended and first_call and first_call[0] >= export_ended[0]
+    by_name = {c.name: c for c in report.candidates}
+    assert by_name["tf-function"].max_rel_err is not None, str(report)
+    assert first_call >= export_ended
 
 
 def test_a_large_model_is_not_checked_under_concurrent_callers(monkeypatch, rng):

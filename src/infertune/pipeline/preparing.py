@@ -142,15 +142,20 @@ class _Run:
     estimates: dict[str, float] = field(default_factory=dict)  # planned seconds, by name
     started: int = 0  # candidates started besides the reference
     memory_budget: int | None = None  # bytes the candidates may hold in all (None: unknown)
-    # Where the model is large (_large_model): why, and the verified candidates that copy
-    # the weights still held for the measurement.
-    large: str | None = None
+    # Where the model is large: the verified candidates that copy the weights still held
+    # for the measurement.
     alive: list[_Candidate] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
     # Set once this thread has made every conversion: a tournament waits for it, so that no
     # conversion competes for the cores with the candidates it times.
     converted: threading.Event = field(default_factory=threading.Event)
     states: list[_Candidate] = field(default_factory=list)  # every candidate but the reference
+
+    @property
+    def large(self) -> str | None:
+        """Why the model counts as large here (_large_model, kept on the target for the
+        measurement after this), None where it does not."""
+        return self.target.large
 
 
 def prepare_all(
@@ -180,7 +185,7 @@ def prepare_all(
     # The model itself runs as the caller runs it, in this thread, with no deadline.
     if _admitted(reference, options) and _in_process(reference, run, Isolation("off", None)):
         run.contenders[reference.backend.name] = reference.backend
-    run.large = target.large = _large_model(others, run)
+    target.large = _large_model(others, run)
     run.states = others
     isolation.start()  # the child's imports overlap the next candidate's conversion
     if probe is not None:
