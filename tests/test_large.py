@@ -5,12 +5,14 @@ so that every path a 2 GB model takes runs here in seconds."""
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import tempfile
 
 import numpy as np
 import onnx
+import onnxruntime
 import pytest
 from conftest import (
     assert_matches_model,
@@ -109,7 +111,7 @@ def test_a_constant_past_the_protobuf_limit_goes_to_the_data_file_untouched(
         assert_matches_model(expected[key], outputs[key])
 
 
-def test_every_candidate_runs_external_data_and_a_saved_result_carries_it(large, rng, tmp_path):
+def test_every_candidate_runs_external_data_and_results_carry_it(large, rng, tmp_path):
     model, sample = recommender(), recommender_sample(rng)
     names = ["onnxruntime-cpu", "openvino-cpu", "litert"]
     opt = infertune.optimize(model, sample, backends=names, verbose=False)
@@ -117,20 +119,38 @@ def test_every_candidate_runs_external_data_and_a_saved_result_carries_it(large,
     for name in names:
         assert statuses[name] in ("ok", "selected"), str(opt.report)
 
-    tuned = infertune.optimize(model, sample, backends=["onnxruntime-cpu"], verbose=False)
+    cache = tmp_path / "cache"
+    tuned = infertune.optimize(
+        model, sample, backends=["onnxruntime-cpu"], cache=cache, verbose=False
+    )
+    cached = infertune.optimize(
+        model, sample, backends=["onnxruntime-cpu"], cache=cache, verbose=False
+    )
+    assert cached.report.from_cache, str(cached.report)
+    (entry,) = [path.parent for path in cache.rglob(DATA_FILE)]
+    assert (entry / DATA_FILE).stat().st_size > 6400  # the cache entry carries the table
     saved = tuned.save(tmp_path / "saved")
     assert (saved / DATA_FILE).stat().st_size > 6400  # the embedding table at least
     loaded = infertune.load(saved)
     assert loaded.backend == "onnxruntime-cpu"
     fresh = recommender_sample(np.random.default_rng(7), batch=3)
-    outputs = loaded(fresh)
     expected = model(fresh)
-    for key in expected:
-        assert_matches_model(expected[key], outputs[key])
+    for result in (loaded, cached):
+        outputs = result(fresh)
+        for key in expected:
+            assert_matches_model(expected[key], outputs[key])
 
-    tuned.export_triton(tmp_path / "repo", "big")
+    export = tuned.export_triton(tmp_path / "repo", "big")
     version = tmp_path / "repo" / "big" / "1"
-    assert (version / ONNX_FILE).is_file() and (version / DATA_FILE).is_file()
+    assert (version / DATA_FILE).stat().st_size > 6400
+    # What Triton's ONNX Runtime backend loads: the repository's model and its data file.
+    session = onnxruntime.InferenceSession(
+        str(version / ONNX_FILE), providers=["CPUExecutionProvider"]
+    )
+    feed = {i.name: np.asarray(fresh[export.names[i.name]]) for i in session.get_inputs()}
+    names = [export.names[o.name] for o in session.get_outputs()]
+    for key, output in zip(names, session.run(None, feed)):
+        assert_matches_model(expected[key], output)
 
 
 def test_the_large_tflite_conversion_never_loads_the_saved_model_in_python(large, monkeypatch, rng):
@@ -470,6 +490,20 @@ def test_a_conversion_past_the_child_threshold_runs_in_a_child_whose_peak_is_cou
     conversions = opt.report.memory["conversions_bytes"]
     assert conversions["TFLite conversion"] > 100e6, conversions
     assert opt.report.memory["peak_bytes"] - opt.report.memory["before_bytes"] > 100e6
+
+    # What the child held is learned under a name of its own, and estimated from it: an
+    # in-process conversion's copies (as if each held a billion here) do not skip it.
+    from infertune.pipeline.preparing import MEMORY_RESERVE
+
+    machine_file = tmp_path / "machine.json"
+    machine = json.loads(machine_file.read_text())
+    (entry,) = machine["machines"].values()
+    assert "tflite-child" in entry["memory"] and "tflite" not in entry["memory"], entry
+    entry["memory"] |= {"tflite": 1e9, "tflite-child": 4.0}
+    machine_file.write_text(json.dumps(machine))
+    monkeypatch.setenv("INFERTUNE_MEMORY_BYTES", str(MEMORY_RESERVE + 100_000_000))
+    again = infertune.optimize(model, sample, backends=["litert"], verbose=False)
+    assert again.backend == "litert", str(again.report)
 
     with pytest.raises(RuntimeError, match="TFLite conversion in a child process failed"):
         litert_child.convert_in_child(str(tmp_path / "no-saved-model"), tmp_path / "m.tflite")

@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from ..backends import Backend
+from ..backends import Backend, litert
 from ..backends.base import NotApplicable
 from ..environment import usable_cores
 from ..errors import one_line
@@ -413,6 +413,10 @@ def _fits(state: _Candidate, run: _Run, pending: list[_Candidate]) -> bool:
 # ONNX export 4.1x; TFLite conversion 5.4x through a SavedModel, the path past 256 MB, and
 # 9.8x from the concrete function, the path below it, where a sampled peak had said 3.3x)
 CONVERSION_MEMORY = {"onnx": 4.0, "onnx-int8": 1.0, "tflite": 5.5, "tflite-fixed": 5.5}
+# ... and in a child process of its own (litert.CHILD_CONVERSION_MIN_BYTES, one glibc arena,
+# no oneDNN pool): its VmHWM, 3.3x the 2.46 GB recommender's weights and the child's
+# TensorFlow (0.65 GB), 3.6x in all; 4x covers 1 GiB of weights.
+CONVERSION_MEMORY |= {"tflite-child": 4.0, "tflite-fixed-child": 4.0}
 # What the rest of optimize() needs beside the candidates: verification and measurement
 # inputs and outputs, the runtimes' own code and arenas.
 MEMORY_RESERVE = 1 << 30
@@ -429,9 +433,27 @@ def _memory_budget() -> int | None:
     return None if free is None else max(0, free - MEMORY_RESERVE)
 
 
-def _conversion_memory(key: str, record: MachineRecord | None) -> float:
+def memory_key(key: str, weights: int) -> str:
+    """The name the conversion `key`'s memory is learned and estimated under: a TFLite
+    conversion past CHILD_CONVERSION_MIN_BYTES runs in a child process, whose peak says
+    nothing of one in this process, nor the other way round (learned as one, a BERT-base-
+    sized model's 4.2x in this process had a 2.46 GB recommender's LiteRT skipped for 14 GB
+    it would not have needed)."""
+    if key in ("tflite", "tflite-fixed") and weights >= litert.CHILD_CONVERSION_MIN_BYTES:
+        return f"{key}-child"
+    return key
+
+
+def conversion_memory_learned(target: Target) -> dict[str, float]:
+    """This run's conversions' peaks in copies of the weights, under memory_key's names."""
+    weights = target.weights_measured or 0
+    return {memory_key(key, weights): f for key, f in target.memory_factors().items()}
+
+
+def _conversion_memory(key: str, record: MachineRecord | None, weights: int) -> float:
     """Copies of the weights the conversion `key` holds at its peak: as measured by earlier
     runs on this machine (large models), else CONVERSION_MEMORY."""
+    key = memory_key(key, weights)
     learned = record.memory_factor(key) if record is not None else None
     return learned if learned is not None else CONVERSION_MEMORY.get(key, 1.0)
 
@@ -464,7 +486,7 @@ def _fits_memory(state: _Candidate, run: _Run, states: list[_Candidate]) -> bool
     own = backend.memory_factor * weights
     conversions = [k for k in backend.conversions if k not in target.built()]
     compiling = backend.compile_memory_factor * weights
-    converting = sum(_conversion_memory(k, run.record) for k in conversions) * weights
+    converting = sum(_conversion_memory(k, run.record, weights) for k in conversions) * weights
     transient = max([converting, compiling] + ([own] if run.isolation.rehearses(backend) else []))
     need = held + own + transient
     if run.large:

@@ -33,7 +33,7 @@ from .diagnosis import diagnose
 from .isolation import Isolation
 from .measuring import close_quietly, concurrency_note, measure_batches
 from .planning import Probe, after_candidates_s, learn_from_run
-from .preparing import Budget, prepare_all, shared_stage
+from .preparing import Budget, conversion_memory_learned, prepare_all, shared_stage
 from .reference import (
     Check,
     EagerVsTraced,
@@ -185,7 +185,8 @@ def _tune(
     )  # fmt: skip
     times.total_s = progress.elapsed()
     statuses = {r.name: r.status for r in results}
-    learn_from_run(record, planned, kinds, statuses, times, serving, target.memory_factors())
+    learned = conversion_memory_learned(target)
+    learn_from_run(record, planned, kinds, statuses, times, serving, learned)
     notes = (
         [versus.note()]
         + _notes(target, checks, results)
