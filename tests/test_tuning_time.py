@@ -10,10 +10,12 @@ import threading
 import time
 from collections import Counter
 
+import keras
 import numpy as np
 import pytest
 from conftest import conv_model, dense_model, flatten_cnn, prepared_backend
 from crashing_backends import RaisesInChild, SegfaultsAtFirstCall
+from custom_layers import Doubling, doubling_model
 
 import infertune
 from infertune.backends.base import Backend
@@ -321,6 +323,40 @@ def test_a_conversion_made_in_a_worker_process_runs_as_one_made_here(monkeypatch
     here, _ = prepared_backend(LiteRT(), model, sample)
     if opt.backend == "litert":  # the same conversion: the same outputs, bit for bit
         np.testing.assert_array_equal(opt(sample), here.run([sample])[0])
+
+
+@needs_litert
+def test_a_worker_process_loads_a_model_of_the_users_own_layers(monkeypatch):
+    # Keras loads a class it does not define only where it is named or registered in the
+    # loading process: the worker imports it from its module (tf_worker.custom_classes).
+    monkeypatch.setenv("INFERTUNE_TF_WORKER", "always")
+    model = doubling_model()
+    sample = np.random.default_rng(0).random((2, 6), dtype=np.float32)
+    opt = infertune.optimize(model, sample, backends=["litert"], verbose=False)
+    assert any("worker process beside this one" in note for note in opt.report.notes), str(
+        opt.report
+    )
+    assert opt.report.candidate("litert").status in ("ok", "selected")
+    np.testing.assert_allclose(opt(sample), model(sample), rtol=1e-5, atol=1e-6)
+
+
+@needs_litert
+def test_no_worker_process_starts_for_a_class_it_cannot_import(monkeypatch):
+    # A class of a script or notebook (__main__): no save for a worker that would fail.
+    monkeypatch.setenv("INFERTUNE_TF_WORKER", "always")
+    monkeypatch.setattr(Doubling, "__module__", "__main__")
+    saves = []
+    monkeypatch.setattr(keras.Model, "save", lambda *args, **kwargs: saves.append(args))
+    model = doubling_model()
+    sample = np.random.default_rng(0).random((2, 6), dtype=np.float32)
+    opt = infertune.optimize(model, sample, backends=["litert"], verbose=False)
+    assert not saves
+    assert any(
+        "TFLite conversion was made here, not in a worker process: the model's class Doubling "
+        "is defined in __main__" in note
+        for note in opt.report.notes
+    ), opt.report.notes
+    assert opt.report.candidate("litert").status in ("ok", "selected")
 
 
 # -- rehearsals queued in the child -----------------------------------------------------------

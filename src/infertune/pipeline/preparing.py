@@ -62,7 +62,7 @@ from .planning import (
     uninterruptible_s,
 )
 from .reference import Check
-from .tf_worker import OFFLOADABLE, OffloadedConversion
+from .tf_worker import OFFLOADABLE, OffloadedConversion, custom_classes
 
 __all__ = ["Budget", "checks_for", "prepare_all"]
 
@@ -300,6 +300,11 @@ def _offload(others: list[_Candidate], run: _Run) -> None:
             busy = f"the model is large here ({run.large})"
         if busy is None:
             busy = _no_memory_for_worker(key, run)
+        if busy is None:
+            try:
+                custom_classes(source.owner)
+            except ValueError as exc:  # the worker could not load the model
+                busy = str(exc)
         if busy is not None:
             run.target.notes.append(f"the {stage} was made here, not in a worker process: {busy}")
             continue

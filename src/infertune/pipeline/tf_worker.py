@@ -11,6 +11,13 @@ process wrote, builds the conversion with the very function this process would c
 (`OFFLOADABLE`), writes it into the job directory and exits: 0 with the result, 1 with
 error.txt. A worker that fails leaves the conversion to this process (`Target.shared`), which
 the report's notes say.
+
+Keras loads a class it does not define only where it is registered or named in
+`custom_objects`, in the loading process: the worker imports the modules of the model's own
+classes and names them (`custom_classes`). A class defined in `__main__` (a script, a
+notebook) or inside a function cannot be imported there, so no worker starts for such a model
+and the model is not saved for one (on a BERT-base-sized model of a script's layers the
+worker had cost a 2 s save before it failed).
 """
 
 from __future__ import annotations
@@ -58,10 +65,12 @@ class OffloadedConversion:
         self.directory = Path(tempfile.mkdtemp(prefix="infertune-tf-worker-"))
         self.worker_s: float | None = None  # the worker's own seconds, once it is done
         try:
+            custom = custom_classes(target.source.owner)
             target.source.owner.save(self.directory / "model.keras")
             spec = {
                 "key": key,
                 "model": "model.keras",
+                "custom_classes": custom,
                 "signature": target.signature.to_dict(),
                 "outputs": target.output_structure.to_dict(),
                 "dtypes": [str(d) for d in target.output_dtypes],
@@ -104,6 +113,63 @@ class OffloadedConversion:
         shutil.rmtree(self.directory, ignore_errors=True)
 
 
+# Top-level packages whose classes Keras deserializes by itself.
+_KERAS_PACKAGES = ("keras", "tf_keras", "keras_hub", "keras_nlp", "keras_cv", "tensorflow")
+
+
+def custom_classes(model: Any) -> list[tuple[str, str]]:
+    """(module, name) of each class of `model` and its layers (nested) that Keras does not
+    define, for a worker process to import; ValueError, naming the class, for one it
+    cannot import there."""
+    flatten = getattr(model, "_flatten_layers", None)
+    objects = list(flatten(include_self=True, recursive=True)) if flatten else [model]
+    found: dict[tuple[str, str], None] = {}
+    for cls in (type(obj) for obj in objects):
+        module, name = cls.__module__, cls.__qualname__
+        if module.split(".")[0] in _KERAS_PACKAGES:
+            continue
+        if module == "__main__":
+            where = "in __main__ (a script or notebook)"
+        elif "<locals>" in name:
+            where = "inside a function"
+        else:
+            found[(module, name)] = None
+            continue
+        raise ValueError(
+            f"the model's class {name} is defined {where}, which a worker process cannot "
+            f"import to load the model (defined in a module, it can)"
+        )
+    return list(found)
+
+
+def _load_model(path: Path, classes: list[list[str]]) -> Any:
+    """The model this process's parent saved, with the classes custom_classes named."""
+    from ..models import load_model
+    from ..quiet import import_tensorflow
+
+    import_tensorflow()  # before Keras imports it: without its start-up lines
+    import keras
+
+    with keras.saving.custom_object_scope(_custom_objects(classes)):
+        return load_model(path)
+
+
+def _custom_objects(classes: list[list[str]]) -> dict[str, Any]:
+    """The classes custom_classes named, imported, under the names Keras looks them up by."""
+    import importlib
+
+    import keras
+
+    objects: dict[str, Any] = {}
+    for module, name in classes:
+        cls = importlib.import_module(module)
+        for part in name.split("."):
+            cls = getattr(cls, part)
+        objects[cls.__name__] = cls
+        objects[keras.saving.get_registered_name(cls)] = cls
+    return objects
+
+
 def _tail(path: str, limit: int = 300) -> str:
     try:
         text = Path(path).read_text(errors="replace").strip()
@@ -121,12 +187,11 @@ def main() -> None:
         import numpy as np
 
         from ..inputs import InputSignature
-        from ..models import load_model
         from ..structure import Structure
         from ..target import Target
 
         spec = json.loads((directory / "job.json").read_text())
-        source = load_model(directory / spec["model"])
+        source = _load_model(directory / spec["model"], spec["custom_classes"])
         target = Target(
             source,
             InputSignature.from_dict(spec["signature"]),
