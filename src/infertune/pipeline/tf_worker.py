@@ -120,7 +120,9 @@ _KERAS_PACKAGES = ("keras", "tf_keras", "keras_hub", "keras_nlp", "keras_cv", "t
 def custom_classes(model: Any) -> list[tuple[str, str]]:
     """(module, name) of each class of `model` and its layers (nested) that Keras does not
     define, for a worker process to import; ValueError, naming the class, for one it
-    cannot import there."""
+    cannot import there. Layers only: a function or initializer of the user's own (Keras
+    does not record its module) still makes the worker fail, and the conversion is made
+    here."""
     flatten = getattr(model, "_flatten_layers", None)
     objects = list(flatten(include_self=True, recursive=True)) if flatten else [model]
     found: dict[tuple[str, str], None] = {}
