@@ -653,7 +653,7 @@ def _convert_large(target: Target, fixed: bool) -> Converted:
     try:
         tf.saved_model.save(module, directory, signatures=function.get_concrete_function())
         del module, function
-        in_child = target.weights_bytes() >= CHILD_CONVERSION_MIN_BYTES
+        in_child = converts_in_child(target.weights_bytes())
         convert = convert_in_child if in_child else convert_saved_model
         return _in_own_file(partial(convert, directory), _signature_output_names)
     finally:
@@ -667,6 +667,11 @@ def _convert_large(target: Target, fixed: bool) -> Converted:
 # child that has one arena). The child's TensorFlow costs 0.65 GB resident: past 1 GB of
 # weights it holds less than the pool alone would keep here.
 CHILD_CONVERSION_MIN_BYTES = 1 << 30
+
+
+def converts_in_child(weights: int) -> bool:
+    """Whether a model of `weights` bytes is converted in a child process (litert_child.py)."""
+    return weights >= CHILD_CONVERSION_MIN_BYTES
 
 
 def _signature_output_names(converted: Converted) -> tuple[str, ...]:

@@ -300,9 +300,10 @@ def _offload(others: list[_Candidate], run: _Run) -> None:
             busy = f"the model is large here ({run.large})"
         if busy is None:
             busy = _no_memory_for_worker(key, run)
+        classes: list[tuple[str, str]] = []
         if busy is None:
             try:
-                custom_classes(source.owner)
+                classes = custom_classes(source.owner)
             except ValueError as exc:  # the worker could not load the model
                 busy = str(exc)
         if busy is not None:
@@ -313,7 +314,7 @@ def _offload(others: list[_Candidate], run: _Run) -> None:
                 f"{stage}: saving the model for a worker process",
                 text=f"starting the {stage} in a worker process",
             ):
-                run.target.offload(key, OffloadedConversion(key, run.target))
+                run.target.offload(key, OffloadedConversion(key, run.target, classes))
         except Exception as exc:  # it is made here, as without a worker
             run.target.notes.append(f"no worker process for the {stage}: {one_line(exc)}")
 
@@ -417,11 +418,17 @@ def _fits(state: _Candidate, run: _Run, pending: list[_Candidate]) -> bool:
 # (the process's high-water mark above the model, BERT-base-sized, each conversion alone:
 # ONNX export 4.1x; TFLite conversion 5.4x through a SavedModel, the path past 256 MB, and
 # 9.8x from the concrete function, the path below it, where a sampled peak had said 3.3x)
-CONVERSION_MEMORY = {"onnx": 4.0, "onnx-int8": 1.0, "tflite": 5.5, "tflite-fixed": 5.5}
-# ... and in a child process of its own (litert.CHILD_CONVERSION_MIN_BYTES, one glibc arena,
-# no oneDNN pool): its VmHWM, 3.3x the 2.46 GB recommender's weights and the child's
-# TensorFlow (0.65 GB), 3.6x in all; 4x covers 1 GiB of weights.
-CONVERSION_MEMORY |= {"tflite-child": 4.0, "tflite-fixed-child": 4.0}
+# A TFLite conversion in a child process of its own (memory_key; one glibc arena, no oneDNN
+# pool): its VmHWM, 3.3x the 2.46 GB recommender's weights and the child's TensorFlow
+# (0.65 GB), 3.6x in all; 4x covers 1 GiB of weights.
+CONVERSION_MEMORY = {
+    "onnx": 4.0,
+    "onnx-int8": 1.0,
+    "tflite": 5.5,
+    "tflite-fixed": 5.5,
+    "tflite-child": 4.0,
+    "tflite-fixed-child": 4.0,
+}
 # What the rest of optimize() needs beside the candidates: verification and measurement
 # inputs and outputs, the runtimes' own code and arenas.
 MEMORY_RESERVE = 1 << 30
@@ -444,7 +451,7 @@ def memory_key(key: str, weights: int) -> str:
     nothing of one in this process, nor the other way round (learned as one, a BERT-base-
     sized model's 4.2x in this process had a 2.46 GB recommender's LiteRT skipped for 14 GB
     it would not have needed)."""
-    if key in ("tflite", "tflite-fixed") and weights >= litert.CHILD_CONVERSION_MIN_BYTES:
+    if key in ("tflite", "tflite-fixed") and litert.converts_in_child(weights):
         return f"{key}-child"
     return key
 

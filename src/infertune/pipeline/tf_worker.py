@@ -36,7 +36,7 @@ from typing import Any
 from ..backends import litert
 from ..environment import child_environment
 
-__all__ = ["OFFLOADABLE", "OffloadedConversion"]
+__all__ = ["OFFLOADABLE", "OffloadedConversion", "custom_classes"]
 
 
 @dataclass(frozen=True)
@@ -56,21 +56,21 @@ OFFLOADABLE = {
 
 
 class OffloadedConversion:
-    """The `key` conversion of a Keras model, being built by a worker process."""
+    """The `key` conversion of a Keras model, being built by a worker process that imports
+    `classes` (custom_classes of the model) to load it."""
 
-    def __init__(self, key: str, target: Any):
+    def __init__(self, key: str, target: Any, classes: list[tuple[str, str]]):
         if key not in OFFLOADABLE:
             raise ValueError(f"no worker builds {key!r}; it builds {sorted(OFFLOADABLE)}")
         self.key = key
         self.directory = Path(tempfile.mkdtemp(prefix="infertune-tf-worker-"))
         self.worker_s: float | None = None  # the worker's own seconds, once it is done
         try:
-            custom = custom_classes(target.source.owner)
             target.source.owner.save(self.directory / "model.keras")
             spec = {
                 "key": key,
                 "model": "model.keras",
-                "custom_classes": custom,
+                "custom_classes": classes,
                 "signature": target.signature.to_dict(),
                 "outputs": target.output_structure.to_dict(),
                 "dtypes": [str(d) for d in target.output_dtypes],
