@@ -1,4 +1,23 @@
-"""Tiny real models for the tests: real TensorFlow, real ONNX export, real ONNX Runtime."""
+"""The test session: its environment, the fixtures, and the tiers.
+
+Tiny real models for the tests (real TensorFlow, real ONNX export, real ONNX Runtime) and the
+other shared helpers live in helpers.py (`from helpers import dense_model`); fixtures here.
+
+Tiers. `python -m pytest` runs the unit tier: every test without a tier marker, minutes on
+two cores. Three markers (pyproject.toml) put a test in another tier, deselected by default:
+
+- `slow`: builds a Triton environment, starts Triton or Ray, or takes more than ~20 s;
+- `network`: reaches the package index (pip resolving or installing);
+- `timing`: asserts wall-clock time or page residency, which another process on the machine
+  can move. A clock-free check of the same behaviour is in the unit tier where one exists;
+  a wall-clock check left in the unit tier says in a comment why its margin cannot be
+  reached; speed itself is measured in benchmarks/.
+
+`--all-tiers` runs every tier (what CI runs: README.md, .ci/run); `--tier slow` (repeatable)
+adds one; `-m EXPR` selects by marker instead (`-m timing` runs that tier alone); a test named
+by its node id (`tests/test_ray.py::test_...`) runs whatever its tier. The run's summary
+says how many tests of each tier were deselected, so that none seems to have vanished.
+"""
 
 from __future__ import annotations
 
@@ -20,6 +39,7 @@ os.environ.setdefault("INFERTUNE_MEASURE_S", "0.3")
 
 import numpy as np
 import pytest
+from helpers import dense_model
 
 import infertune
 
@@ -53,133 +73,75 @@ def text_saved(tmp_path_factory):
     return opt.save(tmp_path_factory.mktemp("served") / "text")
 
 
-def dense_model(in_dim: int = 6, out_dim: int = 3, seed: int = 0):
-    import keras
+# -- tiers ------------------------------------------------------------------------------------
+TIERS = ("slow", "network", "timing")  # markers registered in pyproject.toml
+_LEFT_OUT = pytest.StashKey[tuple[int, dict[str, int]]]()
 
-    keras.utils.set_random_seed(seed)
-    return keras.Sequential(
-        [
-            keras.Input((in_dim,)),
-            keras.layers.Dense(8, activation="relu"),
-            keras.layers.Dense(out_dim),
-        ]
+
+def pytest_addoption(parser):
+    group = parser.getgroup("infertune tiers", "test tiers (tests/conftest.py)")
+    group.addoption(
+        "--all-tiers",
+        action="store_true",
+        help="run every tier: unit, slow, network and timing (what CI runs)",
+    )
+    group.addoption(
+        "--tier",
+        action="append",
+        default=[],
+        choices=TIERS,
+        help="add this tier to the unit tier (repeatable); default: the unit tier alone",
     )
 
 
-def conv_model():
-    """Conv2D -> GlobalAveragePooling -> Dense: no shape arithmetic at a free batch."""
-    import keras
+def _named(config) -> list[str]:
+    """Node ids named on the command line (`path::test...`), relative to the rootdir."""
+    named = []
+    for arg in config.args:
+        path, sep, rest = arg.partition("::")
+        if not sep:
+            continue
+        full = (config.invocation_params.dir / path).resolve()
+        try:
+            path = full.relative_to(config.rootpath).as_posix()
+        except ValueError:
+            continue
+        named.append(f"{path}::{rest}")
+    return named
 
-    keras.utils.set_random_seed(0)
-    return keras.Sequential(
-        [
-            keras.Input((12, 12, 3)),
-            keras.layers.Conv2D(8, 3, activation="relu"),
-            keras.layers.GlobalAveragePooling2D(),
-            keras.layers.Dense(4),
-        ]
+
+@pytest.hookimpl(trylast=True)  # after -k: the summary counts what the tiers alone left out
+def pytest_collection_modifyitems(config, items):
+    if config.getoption("all_tiers") or config.getoption("markexpr"):
+        return  # every tier, or the marker expression decides
+    wanted = set(config.getoption("tier"))
+    named = _named(config)
+    kept, left_out = [], []
+    counts: dict[str, int] = {}
+    for item in items:
+        tiers = [t for t in TIERS if item.get_closest_marker(t) is not None]
+        if not tiers or set(tiers) & wanted or _is_named(item.nodeid, named):
+            kept.append(item)
+            continue
+        left_out.append(item)
+        for tier in tiers:
+            counts[tier] = counts.get(tier, 0) + 1
+    if left_out:
+        config.hook.pytest_deselected(items=left_out)
+        items[:] = kept
+    config.stash[_LEFT_OUT] = (len(left_out), counts)
+
+
+def _is_named(nodeid: str, named: list[str]) -> bool:
+    return any(nodeid == n or nodeid.startswith((f"{n}::", f"{n}[")) for n in named)
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    total, counts = config.stash.get(_LEFT_OUT, (0, {}))
+    if not total:
+        return
+    tiers = ", ".join(f"{n} {tier}" for tier, n in counts.items())
+    terminalreporter.write_line(
+        f"unit tier: {total} test{'s' if total > 1 else ''} of other tiers deselected ({tiers}); "
+        "`--all-tiers` runs every tier, as CI does; `--tier NAME` adds one (tests/conftest.py)"
     )
-
-
-def flatten_cnn(seed: int = 0):
-    """Conv2D -> Flatten -> Dense on 8x8x1: at a free batch, Flatten's reshape needs shape
-    arithmetic at run time; at a fixed shape the converter folds it (LiteRT's two models)."""
-    import keras
-
-    keras.utils.set_random_seed(seed)
-    return keras.Sequential(
-        [
-            keras.Input((8, 8, 1)),
-            keras.layers.Conv2D(4, 3, activation="relu"),
-            keras.layers.Flatten(),
-            keras.layers.Dense(3),
-        ]
-    )
-
-
-def dict_model(seed: int = 0):
-    """Two inputs (float features, int token ids) in a dict, two outputs in a dict."""
-    import keras
-
-    keras.utils.set_random_seed(seed)
-    features = keras.Input((4,), name="features")
-    tokens = keras.Input((5,), name="tokens", dtype="int32")
-    embedded = keras.layers.Flatten()(keras.layers.Embedding(20, 3)(tokens))
-    hidden = keras.layers.Dense(8, activation="tanh")(
-        keras.layers.Concatenate()([features, embedded])
-    )
-    return keras.Model(
-        {"features": features, "tokens": tokens},
-        {
-            "score": keras.layers.Dense(1)(hidden),
-            "probs": keras.layers.Dense(3, activation="softmax")(hidden),
-        },
-    )
-
-
-def dict_sample(rng, batch: int = 4):
-    return {
-        "features": rng.standard_normal((batch, 4)).astype("float32"),
-        "tokens": rng.integers(0, 20, (batch, 5)).astype("int32"),
-    }
-
-
-def assert_matches_model(model_outputs, outputs, rtol=1e-4, atol=1e-5):
-    """Same structure, numpy leaves, values within float32 round-off of the model's."""
-    if isinstance(model_outputs, dict):
-        assert isinstance(outputs, dict) and set(outputs) == set(model_outputs)
-        for key in model_outputs:
-            assert_matches_model(model_outputs[key], outputs[key], rtol, atol)
-    elif isinstance(model_outputs, list | tuple):
-        assert isinstance(outputs, list | tuple) and len(outputs) == len(model_outputs)
-        for expected, got in zip(model_outputs, outputs):
-            assert_matches_model(expected, got, rtol, atol)
-    else:
-        assert isinstance(outputs, np.ndarray)
-        np.testing.assert_allclose(outputs, np.asarray(model_outputs), rtol=rtol, atol=atol)
-
-
-def target_for(model, sample):
-    """The Target that optimize(model, sample) builds: what every conversion starts from."""
-    from infertune.inputs import build_signature
-    from infertune.models import load_model
-    from infertune.target import Target
-
-    source = load_model(model)
-    signature, flat = build_signature(sample, source.declared_inputs, source.default_float)
-    reference, structure = source.call_flat(signature, flat)
-    return Target(source, signature, structure, [r.dtype for r in reference])
-
-
-def prepared_backend(backend, model, sample):
-    """`backend` prepared on the Target that optimize() builds, outside the pipeline; with
-    the input signature."""
-    target = target_for(model, sample)
-    backend.prepare(target)
-    return backend, target.signature
-
-
-def mapped_resident_bytes(path: str) -> int:
-    """Resident bytes of this process's mappings of files whose path starts with `path`
-    (/proc/self/smaps; Linux)."""
-    resident, inside = 0, False
-    with open("/proc/self/smaps") as smaps:
-        for line in smaps:
-            first = line.split(maxsplit=1)[0]
-            if "-" in first and not first.endswith(":"):  # a mapping's header line
-                fields = line.split(maxsplit=5)
-                inside = len(fields) == 6 and fields[5].startswith(path)
-            elif inside and first == "Rss:":
-                resident += int(line.split()[1]) * 1024
-    return resident
-
-
-def on_tmpfs(path: str) -> bool:
-    """Whether `path` lies on a tmpfs, whose pages cannot leave memory without swap."""
-    best, kind = "", ""
-    with open("/proc/mounts") as mounts:
-        for line in mounts:
-            _, point, fs_type = line.split()[:3]
-            if path.startswith(point) and len(point) > len(best):
-                best, kind = point, fs_type
-    return kind == "tmpfs"

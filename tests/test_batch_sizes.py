@@ -7,7 +7,7 @@ import time
 
 import numpy as np
 import pytest
-from conftest import dense_model
+from helpers import dense_model
 
 import infertune
 import infertune.backends as registry

@@ -10,7 +10,7 @@ import textwrap
 from pathlib import Path
 
 import numpy as np
-from conftest import dense_model
+from helpers import dense_model
 
 import infertune
 
@@ -100,7 +100,7 @@ def test_a_new_process_hits_the_cache_and_fingerprints_agree(tmp_path):
         import sys
         sys.path.insert(0, {str(Path(__file__).parent)!r})
         import infertune
-        from conftest import dense_model
+        from helpers import dense_model
         from infertune.deploy.cache import model_fingerprint
         from infertune.inputs import build_signature
         from infertune.models import load_model

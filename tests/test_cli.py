@@ -8,11 +8,12 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import dense_model, dict_model
+from helpers import dense_model, dict_model
 
 from infertune.cli import main
 
 
+@pytest.mark.slow  # a process importing TensorFlow, tuning under a 20 s budget: 7-23 s
 def test_demo_in_a_new_process(tmp_path):
     done = subprocess.run(
         [sys.executable, "-m", "infertune", "demo", "--model", "mlp", "--budget", "20",

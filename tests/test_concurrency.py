@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
-from conftest import dict_model, dict_sample
+from helpers import dict_model, dict_sample
 
 import infertune
 from infertune.backends import BACKENDS
@@ -93,9 +93,11 @@ def test_several_callers_overlap_and_are_counted():
     )
     a, b = one.stats["free"], four.stats["free"]
     assert (a.callers, b.callers) == (1, 4)
-    # Four sleeping callers overlap: about four times the calls per second (3x leaves room
-    # for thread start-up and a busy machine), each call still about 5 ms long.
-    assert b.calls_per_s > 3 * a.calls_per_s
+    # Four sleeping callers overlap: about four times the calls per second, each call still
+    # about 5 ms long. Callers run one after another would give 1x; 2x proves the overlap
+    # with room for a loaded machine, where a sleep needs no CPU and each wake-up delays the
+    # single caller as much as each of the four (a margin for the unit tier, tests/conftest.py).
+    assert b.calls_per_s > 2 * a.calls_per_s
     assert b.samples_per_s(2) == pytest.approx(2 * 4 / (b.mean / 1e3))
 
 

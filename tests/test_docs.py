@@ -13,6 +13,12 @@ document runs in a temporary directory of its own, which is also HOME (so `~/...
 there) and is removed at the end. A snippet selected alone (`-k`) first runs the snippets
 before it in its document, which it may depend on.
 
+Two kinds of snippet are in the `slow` tier (tests/conftest.py): those of a section that
+starts a local Ray (a hidden `_docs.start_ray(...)` through `_docs.stop_ray()`, 5-20 s a
+snippet) and the blocks of SLOW_BLOCKS. Nothing after either depends on it, so a snippet
+that has one before it passes over it (and a Ray section's hidden checks at its end) when
+that one did not run.
+
 Blocks of another language would not run, so any other fence fails
 `test_every_code_block_is_run_or_plain_text`: a command is ```bash, output a plain ```.
 What the skipped blocks name is still checked where it can be without the network or
@@ -52,6 +58,15 @@ _RAY_AUTH_SET = {key: value for key, value in _RAY_AUTH.items() if key not in os
 os.environ.update(_RAY_AUTH_SET)
 # A bash block runs the CLI on tiny models: a minute is plenty; ten mean it hangs.
 BASH_TIMEOUT_S = 600
+# What the hidden blocks that open and close a local-Ray section call (DocsHelpers).
+RAY_START, RAY_STOP = "_docs.start_ray(", "_docs.stop_ray()"
+# Visible blocks of over ~20 s that start no Ray, by their document and a line of theirs,
+# and why: the `slow` tier. Each is self-contained: nothing after it reads what it made.
+SLOW_BLOCKS = {
+    ("getting-started.md", "infertune env --check"): "the command line: seven processes, each "
+    "importing TensorFlow, 25-40 s on 2 cores (the unit tier runs demo, env, env --check, "
+    "optimize and report in tests/test_cli.py and test_gpu.py)",
+}
 
 
 def _run_bash(example: Example) -> str | None:
@@ -133,9 +148,23 @@ class Snippet:
     index: int
     shown: Example
     examples: list[Example]
+    ray_section: int | None = None  # the local-Ray section its visible block is in, if any
+
+    @property
+    def slow(self) -> bool:
+        document, shown = self.document.path.name, str(self.shown.parsed)
+        blocks = [line for name, line in SLOW_BLOCKS if name == document]
+        return self.ray_section is not None or any(line in shown for line in blocks)
 
     def evaluate(self) -> None:
+        run = self.document
         for example in self.examples:
+            section = run.ray_sections.get(id(example))
+            if section is not None:
+                if RAY_START in str(example.parsed):
+                    run.ray_started.add(section)
+                elif section not in run.ray_started:
+                    continue  # a block of a local-Ray section that was not run
             example.evaluate()
 
 
@@ -149,6 +178,8 @@ class DocumentRun:
     workspace: Path | None = None
     helpers: DocsHelpers | None = None
     next: int = 0
+    ray_sections: dict[int, int] = field(default_factory=dict)  # id(example) -> section
+    ray_started: set[int] = field(default_factory=set)
 
     def open(self) -> Path:
         if self.workspace is None:
@@ -171,12 +202,21 @@ class DocumentRun:
 def _parse(path: Path) -> DocumentRun:
     run = DocumentRun(path, SYBIL.parse(path))
     pending: list[Example] = []
+    section, sections = None, 0
     for example in run.document.examples():
+        source = str(example.parsed)
+        if RAY_START in source:
+            section, sections = sections, sections + 1
+        if section is not None:
+            run.ray_sections[id(example)] = section
+        if RAY_STOP in source:
+            section = None
         pending.append(example)
         lexemes = example.region.lexemes or {}
         shown = "source" in lexemes and "directive" not in lexemes
         if shown:
-            run.snippets.append(Snippet(run, len(run.snippets), example, pending))
+            in_section = run.ray_sections.get(id(example))
+            run.snippets.append(Snippet(run, len(run.snippets), example, pending, in_section))
             pending = []
     if pending and run.snippets:  # hidden checks after the last snippet belong to it
         run.snippets[-1].examples.extend(pending)
@@ -185,7 +225,11 @@ def _parse(path: Path) -> DocumentRun:
 
 RUNS = [_parse(path) for path in DOCUMENTS]
 SNIPPETS = [
-    pytest.param(snippet, id=f"{run.path.relative_to(ROOT)}:{snippet.shown.line}")
+    pytest.param(
+        snippet,
+        id=f"{run.path.relative_to(ROOT)}:{snippet.shown.line}",
+        marks=pytest.mark.slow if snippet.slow else (),
+    )
     for run in RUNS
     for snippet in run.snippets
 ]
@@ -211,6 +255,11 @@ def test_snippet(snippet: Snippet, monkeypatch):
     while run.next < snippet.index:
         earlier = run.snippets[run.next]
         run.next += 1
+        same_section = (
+            earlier.ray_section is not None and earlier.ray_section == snippet.ray_section
+        )
+        if earlier.slow and not same_section:
+            continue  # a slow block this snippet does not depend on (see the module's docstring)
         with contextlib.suppress(unittest.SkipTest):
             earlier.evaluate()
     run.next = snippet.index + 1
@@ -240,6 +289,14 @@ def test_snippets_were_found_in_every_document_that_has_code():
     counts = {run.path.name: len(run.snippets) for run in RUNS}
     for name in ("README.md", "getting-started.md", "api.md", "deploy.md"):
         assert counts[name] >= 3, counts
+
+
+def test_every_slow_block_is_one_snippet():
+    """A SLOW_BLOCKS line the docs no longer hold would leave its block in the unit tier."""
+    for name, line in SLOW_BLOCKS:
+        found = [snippet for run in RUNS if run.path.name == name for snippet in run.snippets
+                 if line in str(snippet.shown.parsed)]  # fmt: skip
+        assert len(found) == 1, f"{name}: {len(found)} blocks hold {line!r}"
 
 
 def _pip_install_arguments(text: str) -> list[str]:

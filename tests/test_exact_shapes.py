@@ -10,21 +10,18 @@ candidate is verified at other sizes of the free dimensions too.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
 
 import numpy as np
 import pytest
+from helpers import needs_litert
 
 import infertune
 from infertune.backends.tf_function import TfFunction
 from infertune.report import CandidateResult, Report
 
-needs_litert = pytest.mark.skipif(
-    importlib.util.find_spec("ai_edge_litert") is None, reason="ai-edge-litert not installed"
-)
 # The callable against model(x): XNNPACK and ONNX Runtime sum in other orders than
 # TensorFlow, float32 round-off near 1e-7 relative on outputs of order 1; 1e-5 leaves 100x
 # room and is still 100x below optimize()'s rtol=1e-3, so a wrong runtime cannot hide.

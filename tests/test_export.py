@@ -5,11 +5,11 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
-from conftest import target_for
+from helpers import target_for
 
 import infertune
 from infertune.export import onnx as onnx_export
-from infertune.export.onnx import export_onnx
+from infertune.export.registry import export_onnx
 
 
 def exported_graph(model, sample) -> onnx.GraphProto:
@@ -156,11 +156,11 @@ def test_the_optimizer_passes_without_proto_updates_give_tf2onnx_s_graph(
         "update_proto",
         lambda graph, *a, **k: updates.append(1) or update_proto(graph, *a, **k),
     )
-    ours = onnx_export._convert(target).model_bytes  # not export_onnx: it keeps the first
+    ours = onnx_export.convert_to_onnx(target).model_bytes  # not export_onnx: it keeps the first
     ours_updates = len(updates)
     # tf2onnx's own passes, each ending in its update of every node's protobuf
     monkeypatch.setattr(onnx_export, "_without_proto_updates", lambda make_pass: make_pass)
-    theirs = onnx_export._convert(target).model_bytes
+    theirs = onnx_export.convert_to_onnx(target).model_bytes
     # Ours updates the protobufs when the graph is made, tf2onnx after each of its passes too
     # (if its private pass API moved, ours would fall back to that and this would fail).
     assert ours_updates * 5 < len(updates) - ours_updates

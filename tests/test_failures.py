@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import tensorflow as tf
-from conftest import dense_model
+from helpers import dense_model
 
 import infertune
 from infertune.backends import Backend

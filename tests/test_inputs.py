@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import dense_model, dict_model, dict_sample
+from helpers import dense_model, dict_model, dict_sample
 
 import infertune
 from infertune.inputs import build_signature

@@ -11,7 +11,6 @@ import time
 
 import numpy as np
 import pytest
-from conftest import dense_model
 from crashing_backends import (
     RELEASE,
     HangsAtCompile,
@@ -20,6 +19,7 @@ from crashing_backends import (
     RaisesInChild,
     SegfaultsAtFirstCall,
 )
+from helpers import dense_model
 
 import infertune
 from infertune.errors import OptionError
@@ -61,7 +61,9 @@ def test_a_candidate_that_hangs_in_its_compiler_times_out(model_and_sample):
     assert hung.status == "timeout"
     assert "compile" in hung.reason and "candidate_timeout_s=3" in hung.reason
     assert _by_name(opt)["onnxruntime-cpu"].status in ("selected", "ok")
-    assert time.perf_counter() - start < 60  # not the hour the candidate sleeps
+    # Not the hour the candidate sleeps. 60 s is over 10x this test's 2-5 s on a busy 2-core
+    # machine: a margin that keeps this wall-clock check in the unit tier (tests/conftest.py).
+    assert time.perf_counter() - start < 60
 
 
 def test_a_python_error_in_the_child_is_reported_with_its_message(model_and_sample):

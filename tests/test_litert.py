@@ -2,18 +2,18 @@
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 
 import numpy as np
 import pytest
-from conftest import (
+from helpers import (
     assert_matches_model,
     conv_model,
     dense_model,
     dict_model,
     dict_sample,
     flatten_cnn,
+    needs_litert,
     prepared_backend,
     target_for,
 )
@@ -23,9 +23,6 @@ from infertune.backends.litert import LiteRT, _input_order, _output_order
 from infertune.environment import install_hint
 from infertune.target import Target
 
-needs_litert = pytest.mark.skipif(
-    importlib.util.find_spec("ai_edge_litert") is None, reason="ai-edge-litert not installed"
-)
 # XNNPACK's float32 kernels sum in another order than TensorFlow's: round-off near 1e-7
 # relative on outputs of order 1. 1e-5 leaves 100x room for that and is still 100x below
 # optimize()'s rtol=1e-3, so a wrong conversion or a swapped output cannot hide under it.
@@ -224,13 +221,13 @@ def test_unavailable_without_litert(monkeypatch):
 
 @needs_litert
 def test_the_conversion_is_the_converters_own_byte_for_byte():
-    # litert._convert freezes without the ConcreteFunction TensorFlow's converter rebuilds;
+    # tflite.convert freezes without the ConcreteFunction TensorFlow's converter rebuilds;
     # a model with captured constants (an adapted Normalization: captures that freezing
     # turns into constants) and two inputs of two dtypes checks the inputs it passes on.
     import keras
     import tensorflow as tf
 
-    from infertune.backends import litert
+    from infertune.export import tflite
     from infertune.models import tensor_specs
 
     sample = dict_sample(np.random.default_rng(0))
@@ -243,20 +240,20 @@ def test_the_conversion_is_the_converters_own_byte_for_byte():
     model = keras.Model({"features": features, "tokens": tokens}, outputs)
     target = target_for(model, sample)
 
-    ours = litert._convert(target).content
+    ours = tflite.convert(target).content
     specs = tensor_specs(target.signature)
     function = tf.function(target.source.graph_function(target.signature), input_signature=specs)
     converter = tf.lite.TFLiteConverter.from_concrete_functions(
         [function.get_concrete_function()], function
     )
     converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS]
-    converter.exclude_conversion_metadata = True  # as litert._convert (no metadata round trip)
+    converter.exclude_conversion_metadata = True  # as tflite.convert (no metadata round trip)
     assert ours == converter.convert()
 
     # On these versions the shortcut is taken: TensorFlow's private freezing functions are
-    # where litert._frozen looks (if they move, it freezes the slow way, and this fails).
+    # where tflite._frozen looks (if they move, it freezes the slow way, and this fails).
     def slow_way():
-        raise AssertionError("litert._frozen fell back to the converter's own freezing")
+        raise AssertionError("tflite._frozen fell back to the converter's own freezing")
 
-    graph_def, inputs, outputs, _ = litert._frozen(target.traced()[1], slow_way)
+    graph_def, inputs, outputs, _ = tflite._frozen(target.traced()[1], slow_way)
     assert [t.name for t in inputs] == ["in_0:0", "in_1:0"] and len(outputs) == 2

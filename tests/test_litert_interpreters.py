@@ -2,21 +2,25 @@
 
 from __future__ import annotations
 
-import importlib.util
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
-from conftest import dense_model, dict_model, dict_sample, flatten_cnn, prepared_backend
+from helpers import (
+    dense_model,
+    dict_model,
+    dict_sample,
+    flatten_cnn,
+    needs_litert,
+    prepared_backend,
+)
 
 from infertune.backends import litert
 from infertune.backends.litert import LiteRT
 
-pytestmark = pytest.mark.skipif(
-    importlib.util.find_spec("ai_edge_litert") is None, reason="ai-edge-litert not installed"
-)
+pytestmark = needs_litert
 
 
 def _dense_input(batch: int) -> np.ndarray:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import tensorflow as tf
-from conftest import assert_matches_model, dense_model, dict_model, dict_sample
+from helpers import assert_matches_model, dense_model, dict_model, dict_sample
 
 import infertune
 

@@ -7,8 +7,7 @@ import json
 import numpy as np
 import onnx
 import onnx.numpy_helper
-import pytest
-from conftest import assert_matches_model, dense_model, target_for
+from helpers import assert_matches_model, dense_model, target_for
 
 import infertune
 from infertune.backends.onnxruntime import (
@@ -49,7 +48,8 @@ def test_the_parallel_mode_is_not_tried_on_a_chain_of_layers():
 
 
 def test_the_parallel_width_counts_independent_matrix_operations():
-    from infertune.export.onnx import export_onnx, parallel_width
+    from infertune.export.onnx import parallel_width
+    from infertune.export.registry import export_onnx
 
     def width(model, sample):
         target = target_for(model, sample)
@@ -78,7 +78,7 @@ def test_settings_names():
     )
 
 
-def test_int8_is_off_by_default_and_follows_the_tolerance(tmp_path):
+def test_int8_is_off_by_default_and_judged_by_agreement_not_the_tolerance(tmp_path):
     model = dense_model(in_dim=32, out_dim=16)
     sample = np.random.default_rng(0).standard_normal((8, 32)).astype("float32")
     int8 = ["onnxruntime-cpu-int8"]
@@ -87,23 +87,15 @@ def test_int8_is_off_by_default_and_follows_the_tolerance(tmp_path):
     assert "precision=" in default.report.candidate("onnxruntime-cpu-int8").reason
 
     # rtol=1e-6: int8 rounds every weight and every activation to one of at most 256 steps,
-    # so its error is orders of magnitude above 1e-6 whatever the release or the CPU (float32
-    # round-off of this MLP, what an exact candidate shows, is about 1e-7).
-    tight = infertune.optimize(
+    # so its error is orders of magnitude above 1e-6 (float32 round-off of this MLP, what an
+    # exact candidate shows, is about 1e-7). The float32 tolerance measures it, the agreement
+    # rule judges it (accuracy.py: this regression output within 5% relative error).
+    loose = infertune.optimize(
         model, sample, backends=int8, precision=("fp32", "int8"), rtol=1e-6, verbose=False
     )
-    bad = tight.report.candidate("onnxruntime-cpu-int8")
-    assert bad.status == "mismatch" and bad.max_rel_err > 1e-6, str(tight.report)
-
-    # Tolerances twice the error it was just measured with (the same model and inputs, so the
-    # same error): it must pass, with that error reported, whatever level a release gives.
-    loose = infertune.optimize(
-        model, sample, backends=int8, precision=("fp32", "int8"),
-        rtol=2 * bad.max_rel_err, atol=2 * bad.max_abs_err, verbose=False,
-    )  # fmt: skip
     good = loose.report.candidate("onnxruntime-cpu-int8")
     assert good.status in ("ok", "selected"), str(loose.report)
-    assert good.max_rel_err == pytest.approx(bad.max_rel_err, rel=1e-3)  # same integer math
+    assert 1e-6 < good.max_rel_err < 0.05 and good.gate.startswith("agreement")
     assert good.precision == "int8"
 
     # What it ran is saved with its settings named, and its weights are 7-bit per channel: the
@@ -115,9 +107,8 @@ def test_int8_is_off_by_default_and_follows_the_tolerance(tmp_path):
         "weight_type": "QInt8", "per_channel": True, "reduce_range": True,
     }  # fmt: skip
     assert "per channel" in OnnxRuntimeCpuInt8.precision_note
-    # The report names them too, whether the candidate passed or not.
-    for report in (tight.report, loose.report):
-        assert f"onnxruntime-cpu-int8: {OnnxRuntimeCpuInt8.precision_note}" in report.notes
+    # The report names them too.
+    assert f"onnxruntime-cpu-int8: {OnnxRuntimeCpuInt8.precision_note}" in loose.report.notes
     graph = onnx.load(tmp_path / "int8" / "model.onnx").graph
     weights = {i.name: onnx.numpy_helper.to_array(i) for i in graph.initializer}
     quantized = {n: w for n, w in weights.items() if n.endswith("_quantized")}

@@ -24,6 +24,8 @@ from packaging.version import Version
 
 ROOT = Path(__file__).resolve().parent.parent
 CPU_RUNTIMES = {"onnxruntime", "openvino", "ai-edge-litert"}
+# What the cpu extra brings besides the runtimes: NNCF, which quantizes to int8 for OpenVINO.
+CPU_TOOLS = {"nncf"}
 
 
 def _project() -> dict:
@@ -45,13 +47,19 @@ def test_no_requirement_list_names_both_onnxruntime_packages():
 
 def test_the_cpu_install_brings_every_cpu_runtime_and_ci_tests_it():
     extras = _project()["optional-dependencies"]
-    assert _names(extras["cpu"]) == CPU_RUNTIMES
-    assert _names(extras["test"]) >= CPU_RUNTIMES  # CI installs [test]: the CPU runtimes too
+    assert _names(extras["cpu"]) == CPU_RUNTIMES | CPU_TOOLS
+    # CI installs [test]: the CPU runtimes and tools too
+    assert _names(extras["test"]) >= CPU_RUNTIMES | CPU_TOOLS
     for gpu_extra in ("gpu", "tensorrt"):  # a GPU machine runs the CPU candidates too
         assert _names(extras[gpu_extra]) >= {"onnxruntime-gpu", "openvino", "ai-edge-litert"}
     readme = (ROOT / "README.md").read_text()
     assert 'pip install -c constraints.txt ".[cpu]" && infertune demo' in readme
-    assert 'pip install -c constraints.txt ".[test]" && python -m pytest -q' in readme
+    # CI runs README's test command, every tier of it (tests/conftest.py: `python -m pytest`
+    # alone leaves the slow, network and timing tests out).
+    tests = "python -m pytest -q --all-tiers"
+    assert f'pip install -c constraints.txt ".[test]" && {tests}' in readme
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert f'pip install -q -c constraints.txt ".[test]" && {tests}' in ci
 
 
 def test_tensorrt_extra_pairs_onnxruntime_with_the_tensorrt_major_its_provider_links():
@@ -85,6 +93,7 @@ def _pip_version() -> Version:
     return Version(pip.__version__)
 
 
+@pytest.mark.network  # pip's resolver against the package index: 25-50 s
 def test_gpu_extra_resolves_without_the_cpu_onnxruntime(tmp_path):
     why = _index_reachable()
     if why:

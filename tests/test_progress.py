@@ -5,7 +5,7 @@ from __future__ import annotations
 import io
 
 import numpy as np
-from conftest import dense_model
+from helpers import dense_model
 
 import infertune
 from infertune.progress import Progress

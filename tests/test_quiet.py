@@ -3,16 +3,11 @@ LiteRT's banner; one who sets TF_CPP_MIN_LOG_LEVEL gets what they set."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
 
-import pytest
-
-needs_litert = pytest.mark.skipif(
-    importlib.util.find_spec("ai_edge_litert") is None, reason="ai-edge-litert not installed"
-)
+from helpers import needs_litert
 
 NOISE = ("XNNPACK delegate", "cuInit", "oneDNN", "cuda drivers", "absl::InitializeLog", "0000 ")
 
@@ -22,13 +17,14 @@ def _without_level() -> dict:
 
 
 @needs_litert
-def test_nothing_but_progress_reaches_a_user_who_did_not_ask():
+def test_nothing_but_progress_reaches_a_user_who_did_not_ask(tmp_path):
     """The demo command on a CPU machine: progress and the report, none of TensorFlow's
-    start-up lines (printed twice before), no cuInit error, no LiteRT banner."""
+    start-up lines (printed twice before), no cuInit error, no LiteRT banner. (In tmp_path:
+    the demo writes its HTML report in the current directory.)"""
     done = subprocess.run(
         [sys.executable, "-m", "infertune", "demo", "--model", "mlp", "--backends", "litert",
          "--budget", "20"],
-        env=_without_level(), capture_output=True, text=True, timeout=300,
+        env=_without_level(), capture_output=True, text=True, timeout=300, cwd=tmp_path,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert "selected:" in done.stdout and "[infertune" in done.stderr  # progress is kept

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import dense_model
+from helpers import dense_model
 
 import infertune
 
@@ -170,6 +170,7 @@ def test_deployment_checks_its_arguments_before_ray_runs_it(dense_saved, tmp_pat
 
 
 # -- Ray Serve with a string input: BYTES tensors -----------------------------------------------
+@pytest.mark.slow  # the session's local Ray (tests/conftest.py: tiers)
 def test_ray_serve_answers_bytes_tensors(local_ray, text_saved):
     """The text classifier (a (None, 1) string input) served over HTTP: BYTES tensors from
     tritonclient, binary (length-prefixed) and JSON, answered as Keras answers; metadata
@@ -231,6 +232,7 @@ def test_ray_serve_answers_bytes_tensors(local_ray, text_saved):
 
 
 # -- Ray Data -----------------------------------------------------------------------------------
+@pytest.mark.slow  # the session's local Ray (tests/conftest.py: tiers)
 def test_ray_data_predictor_on_two_actors(local_ray, dense_saved):
     x = np.random.default_rng(1).standard_normal((64, 6)).astype("float32")
     dataset = ray.data.from_numpy(np.array_split(x, 4))  # from_numpy(x) would be one block
@@ -250,6 +252,7 @@ def test_ray_data_predictor_on_two_actors(local_ray, dense_saved):
 
 
 # -- Ray Serve ----------------------------------------------------------------------------------
+@pytest.mark.slow  # the session's local Ray (tests/conftest.py: tiers)
 def test_ray_serve_answers_tritonclient_in_batches(local_ray, dense_saved):
     from ray import serve
 
@@ -301,6 +304,7 @@ def test_ray_serve_answers_tritonclient_in_batches(local_ray, dense_saved):
         serve.shutdown()
 
 
+@pytest.mark.slow  # `infertune serve` starts a Ray of its own, twice
 @pytest.mark.parametrize(("signum", "to_group"), [(signal.SIGINT, True), (signal.SIGTERM, False)],
                          ids=["ctrl-c", "sigterm"])  # fmt: skip
 def test_serve_command_stops_on_ctrl_c_and_sigterm(dense_saved, tmp_path, signum, to_group):
@@ -471,6 +475,7 @@ def _one_replica(timeout_s: float = 30) -> int:
     return pids[0]
 
 
+@pytest.mark.slow  # the session's local Ray (tests/conftest.py: tiers)
 def test_ray_serve_under_a_burst_of_bad_requests_and_a_killed_replica(local_ray, dense_saved):
     """While well-formed requests run at a steady rate: a burst of malformed and oversized
     requests (decompression bombs among them) gets its 4xx/413 and the well-formed ones keep
@@ -578,7 +583,7 @@ def test_ray_serve_under_a_burst_of_bad_requests_and_a_killed_replica(local_ray,
 def test_a_replica_runs_as_many_batches_at_once_as_the_result_was_tuned_for(tmp_path):
     """optimize(concurrency=3): the served model says 3, and the deployment gives Ray Serve
     room for three batches running and one filling."""
-    from conftest import dense_model
+    from helpers import dense_model
 
     from infertune.deploy.served import ServedModel
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import dense_model
+from helpers import dense_model
 
 import infertune
 from infertune.errors import OptionError
@@ -114,3 +114,56 @@ def test_a_model_that_cannot_be_traced_says_so():
     assert "reference='traced'" not in opt.report.selection_reason
     with pytest.raises(infertune.ModelError, match="reference='traced' needs"):
         optimize(model, sample, reference="traced")
+
+
+def augmenting_model():
+    """An image classifier with augmentation left inside, as Keras' image classification
+    guides build it: RandomFlip, RandomRotation and RandomZoom are active under model(x) (their
+    call defaults to training=True) and inactive in inference mode; Dropout before the head."""
+    import keras
+
+    keras.utils.set_random_seed(0)
+    image = keras.Input((16, 16, 3))
+    x = keras.layers.Rescaling(1 / 255)(image)
+    x = keras.layers.RandomFlip("horizontal")(x)
+    x = keras.layers.RandomRotation(0.1)(x)
+    x = keras.layers.RandomZoom(0.1)(x)
+    x = keras.layers.Conv2D(4, 3, activation="relu")(x)
+    x = keras.layers.Dropout(0.5)(keras.layers.GlobalAveragePooling2D()(x))
+    return keras.Model(image, keras.layers.Dense(3)(x))
+
+
+def test_a_model_with_augmentation_inside_is_tuned_in_inference_mode(tmp_path):
+    model = augmenting_model()
+    x = np.random.default_rng(0).uniform(0, 255, (2, 16, 16, 3)).astype("float32")
+    # Under model(x) the random layers are active: two calls differ.
+    assert not np.allclose(np.asarray(model(x)), np.asarray(model(x)))
+    opt = infertune.optimize(
+        model, x, backends=["tf-function", "onnxruntime-cpu", "litert"], verbose=False
+    )
+    fresh = np.random.default_rng(1).uniform(0, 255, (3, 16, 16, 3)).astype("float32")
+    expected = model.predict(fresh, verbose=0)
+    np.testing.assert_allclose(opt(fresh), expected, rtol=1e-4, atol=1e-5)
+    by_name = {c.name: c for c in opt.report.candidates}
+    assert all(by_name[n].status in ("ok", "selected") for n in by_name), str(opt.report)
+    note = next(n for n in opt.report.notes if "training=False" in n)
+    for layer in ("RandomFlip", "RandomRotation", "RandomZoom"):
+        assert layer in note, note
+    assert "Dropout" not in note  # inactive under model(x) too: its call defaults to False
+    # The model's own call, saved and loaded, is called in inference mode too.
+    eager = infertune.optimize(model, x, backends=[], isolation="off", verbose=False)
+    loaded = infertune.load(eager.save(tmp_path / "eager"))
+    np.testing.assert_allclose(loaded(fresh), expected, rtol=1e-4, atol=1e-5)
+
+
+def test_a_model_random_in_inference_mode_still_gets_the_clear_error():
+    import keras
+
+    class Noisy(keras.layers.Layer):
+        def call(self, x):
+            return x + keras.random.normal(keras.ops.shape(x))
+
+    inputs = keras.Input((4,))
+    model = keras.Model(inputs, Noisy()(inputs))
+    with pytest.raises(infertune.ModelError, match="does not reproduce its own outputs"):
+        optimize(model, np.ones((2, 4), "float32"))

@@ -13,13 +13,17 @@ import threading
 
 import numpy as np
 import pytest
-from conftest import dense_model, mapped_resident_bytes, on_tmpfs
+from helpers import dense_model, mapped_resident_bytes, on_tmpfs, residency_tiers
 
 import infertune
 
 # TensorFlow's autograph writes the source of each function it converts to a temporary file
 # and deletes it when the process exits: TensorFlow's file, not infertune's.
 AUTOGRAPH = "__autograph_generated_file"
+# The page-out tests run in both tiers of residency_tiers (helpers.py): in the unit tier the
+# advice covers the files, no byte of their data changes, the thread's CPUs are restored;
+# the `timing` tier reads the resident bytes back too. No margin there: one 4 KB page left of
+# 8 MB was the bug the second test was written for.
 
 
 def _runtime_objects() -> dict[str, int]:
@@ -79,7 +83,8 @@ def test_temporary_files_are_removed_when_a_candidate_crashes(rng, tmp_path, mon
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="madvise(MADV_PAGEOUT): Linux")
-def test_pages_of_its_own_weight_files_leave_memory_and_their_data_stays(tmp_path):
+@residency_tiers
+def test_pages_of_its_own_weight_files_leave_memory_and_their_data_stays(tmp_path, residency):
     """page_out_own_files: the pages of infertune's temporary files a runtime mapped leave
     this process's resident memory; none of their data changes, a page written through a
     private mapping included; another file's pages stay."""
@@ -98,12 +103,13 @@ def test_pages_of_its_own_weight_files_leave_memory_and_their_data_stays(tmp_pat
             kept = mmap.mmap(f2.fileno(), 0, access=mmap.ACCESS_READ)
         assert mapped[:] == data and kept[:] == data  # every page read: resident
         mapped[:5] = b"wrote"  # a page this process changed (copy on write)
-        assert mapped_resident_bytes(own) >= size // 2
+        if residency:
+            assert mapped_resident_bytes(own) >= size // 2
 
         advised = page_out_own_files()
 
         assert advised >= size
-        if advised and not on_tmpfs(own):
+        if residency and advised and not on_tmpfs(own):
             assert mapped_resident_bytes(own) < size // 4
             assert mapped_resident_bytes(other) >= size // 2
         assert mapped[:5] == b"wrote" and mapped[5:] == data[5:]
@@ -118,7 +124,8 @@ def test_pages_of_its_own_weight_files_leave_memory_and_their_data_stays(tmp_pat
     not sys.platform.startswith("linux") or len(os.sched_getaffinity(0)) < 2,
     reason="per-CPU page batches: Linux, two CPUs",
 )
-def test_pages_another_cpu_just_brought_in_leave_memory_too():
+@residency_tiers
+def test_pages_another_cpu_just_brought_in_leave_memory_too(residency):
     """A file written by a thread on another CPU leaves its last pages in that CPU's batch of
     pages not yet on the LRU lists, which an madvise from this CPU does not drain: without
     the advice from every CPU, one 4 KB page of this file stayed resident in each of ten
@@ -144,7 +151,7 @@ def test_pages_another_cpu_just_brought_in_leave_memory_too():
                 mapped = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)
             assert mapped[:] == data.tobytes()  # every page read: resident
             assert page_out_own_files() >= data.size
-            if not on_tmpfs(path):
+            if residency and not on_tmpfs(path):
                 assert mapped_resident_bytes(path) == 0, f"written on CPU {writer_cpu}"
             assert mapped[:] == data.tobytes()
             mapped.close()

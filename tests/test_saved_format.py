@@ -4,22 +4,17 @@ format version 1 still load (tests/data/saved-v1, written by that version's own 
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
 from pathlib import Path
 
 import numpy as np
-import pytest
-from conftest import dense_model
+from helpers import dense_model, needs_litert
 
 import infertune
 from infertune.result.saved import read_manifest
 
 V1 = Path(__file__).parent / "data" / "saved-v1"
-needs_litert = pytest.mark.skipif(
-    importlib.util.find_spec("ai_edge_litert") is None, reason="ai-edge-litert not installed"
-)
 # The same artifact on the same runtime version, on whichever CPU runs the tests: ONNX
 # Runtime and XNNPACK pick kernels by the CPU's instruction set, which moves float32 sums by
 # a few ulps between machines (1e-6 relative is ~8 ulps); a wrong input order or output

@@ -11,15 +11,12 @@ import textwrap
 
 import numpy as np
 import pytest
-from conftest import dense_model, dict_model, dict_sample
+from helpers import dense_model, dict_model, dict_sample, needs_litert, needs_openvino
 
 import infertune
 from infertune.backends.onnxruntime import OnnxRuntimeCpu
 from infertune.inputs import InputSignature, build_signature
 
-needs_openvino = pytest.mark.skipif(
-    importlib.util.find_spec("openvino") is None, reason="openvino not installed"
-)
 X = np.random.default_rng(7).standard_normal((5, 6)).astype("float32")
 
 
@@ -199,9 +196,7 @@ def test_signature_from_dict_round_trips(rng):
     assert again.sample_shapes == signature.sample_shapes
 
 
-@pytest.mark.skipif(
-    importlib.util.find_spec("ai_edge_litert") is None, reason="ai-edge-litert not installed"
-)
+@needs_litert
 def test_litert_result_saves_and_loads_without_tensorflow(tmp_path):
     model = dense_model()
     sample = np.random.default_rng(0).standard_normal((4, 6)).astype("float32")

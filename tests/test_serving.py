@@ -16,7 +16,7 @@ import zlib
 
 import numpy as np
 import pytest
-from conftest import dense_model, dict_model, dict_sample
+from helpers import dense_model, dict_model, dict_sample
 from preprocessing_models import text_classifier
 
 import infertune

@@ -4,22 +4,17 @@ model, measured as a whole; save, load and the cache of a chosen chain."""
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 
 import numpy as np
 import pytest
-from conftest import dense_model
+from helpers import dense_model, needs_litert
 from preprocessing_models import tabular_model, tabular_sample, text_classifier, text_sample
 
 import infertune
 from infertune.inputs import build_signature
 from infertune.models import load_model
 from infertune.splitting import find_split
-
-needs_litert = pytest.mark.skipif(
-    importlib.util.find_spec("ai_edge_litert") is None, reason="ai-edge-litert not installed"
-)
 
 
 def _split(model, sample):

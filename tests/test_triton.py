@@ -3,11 +3,9 @@
 
 from __future__ import annotations
 
-import importlib.util
-
 import numpy as np
 import pytest
-from conftest import dense_model, dict_model, dict_sample
+from helpers import dense_model, dict_model, dict_sample, needs_litert, needs_openvino
 
 import infertune
 from infertune.cli import main
@@ -17,10 +15,6 @@ model_config_pb2 = pytest.importorskip(
     "tritonclient.grpc.model_config_pb2", reason="pip install tritonclient (the test extra)"
 )
 from google.protobuf import text_format  # noqa: E402  (after the skip: protobuf comes with it)
-
-needs_openvino = pytest.mark.skipif(
-    importlib.util.find_spec("openvino") is None, reason="openvino not installed"
-)
 
 
 def parse(path):
@@ -92,7 +86,7 @@ def test_tf_xla_result_is_a_savedmodel_with_xla(tmp_path):
     assert (tmp_path / "dense" / "1" / "model.savedmodel" / "saved_model.pb").is_file()
 
 
-@pytest.mark.skipif(importlib.util.find_spec("ai_edge_litert") is None, reason="no LiteRT")
+@needs_litert
 def test_litert_result_is_refused_with_the_reason(tmp_path):
     x = np.random.default_rng(0).standard_normal((4, 6)).astype("float32")
     opt = infertune.optimize(dense_model(), x, backends=["litert"], verbose=False)
@@ -124,7 +118,7 @@ def test_command_line_saves_then_exports(tmp_path, capsys):
     assert "has no manifest.json" in capsys.readouterr().err
 
 
-@pytest.mark.skipif(importlib.util.find_spec("ai_edge_litert") is None, reason="no LiteRT")
+@needs_litert
 def test_python_backend_takes_any_candidate_litert_included(tmp_path):
     x = np.random.default_rng(0).standard_normal((4, 6)).astype("float32")
     opt = infertune.optimize(dense_model(), x, backends=["litert"], verbose=False)

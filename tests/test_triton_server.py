@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import dense_model, dict_model, dict_sample
+from helpers import dense_model, dict_model, dict_sample, needs_litert
 
 import infertune
 
@@ -38,6 +38,9 @@ except (ImportError, RuntimeError) as exc:
     pytest.skip(f'pip install "tritonclient[http]" ({exc})', allow_module_level=True)
 from tritonclient.utils import InferenceServerException  # noqa: E402
 
+# Tiers (tests/conftest.py): a real Triton server started for the test, in a virtual
+# environment that pip builds from the package index on first use (about 2 minutes).
+pytestmark = [pytest.mark.slow, pytest.mark.network]
 ROOT = Path(__file__).resolve().parents[1]
 PYTHON = f"{sys.version_info.major}.{sys.version_info.minor}"
 # The same result run by infertune in Triton and here, on the same inputs: float32 round-off
@@ -203,7 +206,7 @@ def _infer(url: str, name: str, arrays: dict[str, np.ndarray]) -> dict:
             for output in result.get_response()["outputs"]}  # fmt: skip
 
 
-@pytest.mark.skipif(importlib.util.find_spec("ai_edge_litert") is None, reason="no LiteRT")
+@needs_litert
 def test_python_backend_serves_litert_and_dict_models_on_real_triton(triton_server, tmp_path, rng):
     x = rng.standard_normal((4, 6)).astype("float32")
     litert = infertune.optimize(dense_model(), x, backends=["litert"], isolation="off",

@@ -13,13 +13,14 @@ from collections import Counter
 import keras
 import numpy as np
 import pytest
-from conftest import conv_model, dense_model, flatten_cnn, prepared_backend
 from crashing_backends import RaisesInChild, SegfaultsAtFirstCall
 from custom_layers import Doubling, doubling_model
+from helpers import conv_model, dense_model, flatten_cnn, needs_litert, prepared_backend
 
 import infertune
 from infertune.backends.base import Backend
-from infertune.backends.litert import LiteRT, _convert, _Interpreters, _ops, reads_shapes
+from infertune.backends.litert import LiteRT, _Interpreters, _ops
+from infertune.export.tflite import convert, reads_shapes
 from infertune.inputs import build_signature
 from infertune.machine import PEAK_EVERY, MachineRecord
 from infertune.models import load_model
@@ -31,10 +32,6 @@ from infertune.report import Report
 from infertune.stages import CANDIDATE_STAGES
 from infertune.structure import flatten
 from infertune.target import Target
-
-needs_litert = pytest.mark.skipif(
-    importlib.util.find_spec("ai_edge_litert") is None, reason="ai-edge-litert not installed"
-)
 
 
 @pytest.fixture(scope="module")
@@ -123,6 +120,7 @@ class _OutlastsTheBudget(Backend):
         raise RuntimeError("released")
 
 
+@pytest.mark.timing  # optimize()'s wall time against its budget (tests/conftest.py: tiers)
 def test_a_small_budget_is_kept_and_what_it_skipped_says_why(monkeypatch):
     monkeypatch.setenv("INFERTUNE_MACHINE_FILE", "off")  # no history: the built-in order
     sample = np.random.default_rng(0).standard_normal((4, 6)).astype("float32")
@@ -285,13 +283,13 @@ def test_no_fixed_conversion_where_it_would_give_the_same_model(make_model, shap
     sample = np.random.default_rng(0).random(shape, dtype=np.float32)
     backend, signature = prepared_backend(LiteRT(), model, sample)
     free = backend._converted
-    assert not reads_shapes(free, 1, 1)
+    assert not reads_shapes(free)
     assert backend._fixed is None  # decided without converting twice
     # The long way: the fixed conversion made anyway has the same operators (the rule that
     # dropped it before) and gives the same outputs at the sample's shape, bit for bit.
     source = load_model(model)
     target = Target(source, signature, flatten(np.zeros(1))[1], [np.dtype("float32")])
-    fixed = _convert(target, fixed=True)
+    fixed = convert(target, fixed=True)
     shapes = signature.concrete_shapes()
     fixed_run = _Interpreters(fixed, 1, 1, 1, shapes)
     free_run = _Interpreters(free, 1, 1, 1)
@@ -305,7 +303,7 @@ def test_no_fixed_conversion_where_it_would_give_the_same_model(make_model, shap
 def test_shape_arithmetic_still_gets_the_fixed_conversion():
     sample = np.random.default_rng(0).random((4, 8, 8, 1), dtype=np.float32)
     backend, _ = prepared_backend(LiteRT(), flatten_cnn(), sample)
-    assert reads_shapes(backend._converted, 1, 1)
+    assert reads_shapes(backend._converted)
     assert backend._fixed is not None and backend._fixed_run is not None
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import dense_model
+from helpers import dense_model
 
 import infertune
 from infertune.backends import Backend

@@ -9,10 +9,12 @@ opt.save("tuned/")                              # infertune.load("tuned/") resto
 from __future__ import annotations
 
 from ._version import __version__ as __version__
+from .accuracy import Accuracy
 from .api import available_backends, load, optimize
 from .deploy.triton import TritonExport
 from .errors import (
     ArtifactError,
+    ClosedError,
     EnvironmentMismatchError,
     ExportError,
     InfertuneError,
@@ -29,9 +31,11 @@ from .report import BatchResult, CandidateResult, Diagnosis, Report
 quiet_tensorflow_logs()
 
 __all__ = [
+    "Accuracy",
     "ArtifactError",
     "BatchResult",
     "CandidateResult",
+    "ClosedError",
     "Diagnosis",
     "EnvironmentMismatchError",
     "ExportError",

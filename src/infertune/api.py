@@ -13,13 +13,14 @@ import warnings
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from .backends import Backend
+from .accuracy import Accuracy
+from .backends import BACKENDS, Backend
 from .deploy.cache import CacheEntry
 from .errors import EnvironmentMismatchError, OptionError
 from .optimized import Optimized
-from .options import DEFAULT_CANDIDATE_TIMEOUT_S, Options, known_backends
+from .options import DEFAULTS, Options
 from .paths import user_path
-from .pipeline.tune import load_for_tuning, tune
+from .pipeline.tune import load_for_tuning, read_data, tune
 from .progress import Progress
 from .resources import page_out_own_files, release_freed_memory
 from .result.saved import open_saved, restore
@@ -27,25 +28,28 @@ from .result.saved import open_saved, restore
 __all__ = ["available_backends", "load", "optimize"]
 
 ON_MISMATCH = ("raise", "retune")
+DEFAULTS_REFERENCE = "keras-eager"  # the model's own call, always tried
 
 
 def optimize(
     model: Any,
     sample_input: Any,
     *,
-    backends: Sequence[str | Backend] | None = None,
-    rtol: float = 1e-3,
-    atol: float = 1e-5,
-    objective: str = "latency",
-    time_budget_s: float | None = None,
-    precision: Iterable[str] = ("fp32",),
+    backends: Sequence[str | Backend] | None = DEFAULTS.backends,
+    rtol: float = DEFAULTS.rtol,
+    atol: float = DEFAULTS.atol,
+    objective: str = DEFAULTS.objective,
+    time_budget_s: float | None = DEFAULTS.time_budget_s,
+    precision: Iterable[str] = DEFAULTS.precision,
     cache: str | os.PathLike | None = None,
-    batch_sizes: Sequence[int] | None = None,
-    latency_budget_ms: float | None = None,
-    concurrency: int = 1,
-    isolation: str = "process",
-    candidate_timeout_s: float | None = DEFAULT_CANDIDATE_TIMEOUT_S,
-    reference: str = "eager",
+    batch_sizes: Sequence[int] | None = DEFAULTS.batch_sizes,
+    latency_budget_ms: float | None = DEFAULTS.latency_budget_ms,
+    concurrency: int = DEFAULTS.concurrency,
+    isolation: str = DEFAULTS.isolation,
+    candidate_timeout_s: float | None = DEFAULTS.candidate_timeout_s,
+    reference: str = DEFAULTS.reference,
+    calibration: Any = DEFAULTS.calibration,
+    accuracy: Accuracy | None = DEFAULTS.accuracy,
     verbose: bool = True,
 ) -> Optimized:
     """Try every candidate backend that can run here and return the fastest correct one.
@@ -62,8 +66,9 @@ def optimize(
         objective: "latency" (median per call) or "throughput" (samples/s at the sample's
             batch size).
         time_budget_s: budget for the whole call; candidates not reached are "skipped".
-        precision: precisions allowed ("fp32", "fp16", "bf16", "int8"); reduced-precision
-            candidates must still pass verification under rtol/atol.
+        precision: precisions allowed ("fp32", "fp16", "bf16", "int8"). Reduced-precision
+            candidates are judged by `accuracy`, or without it by their agreement with the
+            model (docs/api.md "Reduced precision"), never by rtol/atol.
         cache: a directory for the tuning cache (`~` is expanded). A result tuned before for
             the same model (definition and weights), input signature, options and
             environment is loaded from it, checked on the sample and returned without
@@ -98,6 +103,12 @@ def optimize(
             (Keras' Resizing on a uint8 input rounds to uint8 eagerly, not when traced) and
             whose production call is predict() or an exported model. The report states
             which was used and how far the other one is from it.
+        calibration: representative inputs (arrays, a dict of arrays, a tf.data.Dataset or
+            an iterable of batches, as the model takes them) that static int8 calibrates its
+            activation ranges on; without it, static int8 candidates are skipped.
+        accuracy: `infertune.Accuracy(data=(x, y), metric="accuracy", max_drop=0.01)`: the
+            task a reduced-precision candidate must keep (its metric on labelled data, never
+            the calibration data, may drop by at most max_drop, with a statistical margin).
         verbose: progress lines on stderr.
 
     Returns:
@@ -116,6 +127,8 @@ def optimize(
         isolation=isolation,
         candidate_timeout_s=candidate_timeout_s,
         reference=reference,
+        calibration=calibration,
+        accuracy=accuracy,
     )
     if cache is not None and not isinstance(cache, str | os.PathLike):
         raise OptionError(
@@ -130,6 +143,7 @@ def _optimize(
 ) -> Optimized:
     with Progress(verbose) as progress:
         tuning = load_for_tuning(model, sample_input, progress)
+        options = read_data(tuning, options, progress)  # checked before any long work
         entry = None
         if cache is not None:
             with progress.timed("cache lookup", text="looking up the tuning cache"):
@@ -152,8 +166,15 @@ def _optimize(
 
 
 def available_backends() -> list[str]:
-    """Names of the candidate backends infertune knows (whether or not they can run here)."""
-    return known_backends()
+    """Names of the candidates that can run here (`Backend.available()`: their runtime is
+    installed, the GPU they need is there), the model's own call first: what `backends=`
+    may name to be tried. `infertune env` lists every candidate infertune knows, and why
+    each other one cannot run here."""
+    names = [DEFAULTS_REFERENCE]
+    for name, factory in BACKENDS.items():
+        if factory().available() is None:
+            names.append(name)
+    return names
 
 
 def load(

@@ -1,4 +1,5 @@
-"""The `infertune` command: optimize, explain, demo, report, env, export-triton, serve."""
+"""The `infertune` command: optimize, explain, demo, report, compare, env, export-triton,
+serve."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from .paths import user_path
 
 __all__ = ["main"]
 
+DEMO_HTML = "infertune-report.html"  # `infertune demo` writes it in the current directory
 _DTYPES = ("float32", "float16", "float64", "int32", "int64", "uint8", "int8", "bool")
 
 
@@ -68,13 +70,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demo.add_argument("--model", choices=sorted(DEMO_MODELS), default="small-cnn")
     _tuning_options(demo)
+    demo.add_argument("--html", metavar="FILE",
+                      help=f"where to write the report as HTML (default: beside --json, else "
+                      f"{DEMO_HTML} in the current directory)")  # fmt: skip
     demo.set_defaults(run=_demo)
 
-    report = verbs.add_parser(
-        "report", help="print a saved report", description="Print a report saved as JSON."
-    )
-    report.add_argument("file", help="JSON written by --json or Report.to_json()")
-    report.set_defaults(run=_report)
+    _report_verbs(verbs)
 
     env = verbs.add_parser(
         "env",
@@ -143,6 +144,47 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _report_verbs(verbs) -> None:
+    """`report` (print a saved report, or write it as HTML) and `compare` (two reports, with
+    an exit status for CI)."""
+    from .compare import MAX_DROP, MAX_SLOWDOWN
+
+    report = verbs.add_parser(
+        "report",
+        help="print a saved report, or write it as HTML",
+        description="Print a report saved as JSON (--json, Report.to_json()) or kept in a "
+        "result directory (--save, Optimized.save()); --html also writes it as one "
+        "self-contained HTML page.",
+    )
+    report.add_argument("file", metavar="FILE_OR_DIR",
+                        help="JSON written by --json or Report.to_json(), or a saved result's "
+                        "directory")  # fmt: skip
+    report.add_argument("--html", metavar="FILE", help="also write the report as HTML")
+    report.set_defaults(run=_report)
+
+    compare = verbs.add_parser(
+        "compare",
+        help="compare two reports: latency, accuracy, fates; exit status 1 on a regression",
+        description="Compare report NEW with report OLD (each a JSON report or a saved result's "
+        "directory): every candidate's p50 and p99 with both runs' spreads, the change in "
+        "metric or error, candidates that appeared, vanished or changed fate. Exit status 1 "
+        "where the chosen candidate's p50 grew by more than --max-slowdown and by more than "
+        "the larger spread of the two runs, or a drop against float32 grew by more than "
+        "--max-drop; 0 otherwise; 2 for a usage error or a file that is not a report.",
+    )
+    compare.add_argument("old", metavar="OLD", help="the baseline report (JSON or directory)")
+    compare.add_argument("new", metavar="NEW", help="the report to judge (JSON or directory)")
+    compare.add_argument("--max-slowdown", type=_ratio, default=MAX_SLOWDOWN, metavar="RATIO",
+                         help="largest new/old p50 of the chosen candidate that passes "
+                         f"(default {MAX_SLOWDOWN:g}); a slowdown within the spread "
+                         "passes")  # fmt: skip
+    compare.add_argument("--max-drop", type=_drop, default=MAX_DROP, metavar="DROP",
+                         help="largest growth of a drop against float32 (metric units, "
+                         f"absolute) that passes (default {MAX_DROP:g})")  # fmt: skip
+    compare.add_argument("--json", metavar="FILE", help="also write the comparison as JSON")
+    compare.set_defaults(run=_compare)
+
+
 def _input_options(opt: argparse.ArgumentParser) -> None:
     opt.add_argument(
         "--sample", metavar="FILE.npz", help="real inputs: an .npz, one array per input name"
@@ -162,35 +204,50 @@ def _input_options(opt: argparse.ArgumentParser) -> None:
 
 
 def _tuning_options(parser: argparse.ArgumentParser) -> None:
+    """optimize()'s options, spelled as it spells them (`--time-budget-s` for time_budget_s),
+    with its choices and defaults (options.py)."""
+    from .options import DEFAULTS, ISOLATIONS, OBJECTIVES, PRECISIONS, REFERENCES
+
     parser.add_argument("--backends", type=_names, metavar="A,B",
                         help="candidates to try (default: all; see `infertune env`)")  # fmt: skip
-    parser.add_argument("--objective", choices=("latency", "throughput"), default="latency")
-    parser.add_argument("--precision", type=_names, default=("fp32",), metavar="P,Q",
-                        help="allowed precisions: fp32,fp16,bf16,int8 (default fp32)")  # fmt: skip
-    parser.add_argument("--rtol", type=float, default=1e-3)
-    parser.add_argument("--atol", type=float, default=1e-5)
-    parser.add_argument("--budget", type=float, default=None, metavar="SECONDS",
-                        help="time budget for the whole optimization")  # fmt: skip
-    parser.add_argument("--batch-sizes", type=_sizes, default=None, metavar="N,M",
-                        help="tune at these batch sizes too, e.g. 1,8,64: a choice per batch "
-                        "size, each call dispatched by its own")  # fmt: skip
-    parser.add_argument("--latency-budget-ms", type=float, default=None, metavar="MS",
-                        help="with --objective throughput: most samples/s whose p99 is "
-                        "within MS")  # fmt: skip
-    parser.add_argument("--concurrency", type=_positive_int, default=1, metavar="N",
-                        help="callers calling the result at once (a server's worker threads): "
-                        "candidates are measured and chosen under N concurrent callers "
-                        "(default 1)")  # fmt: skip
-    parser.add_argument("--isolation", choices=("process", "thread", "off"), default="process",
+    parser.add_argument("--objective", choices=OBJECTIVES, default=DEFAULTS.objective)
+    parser.add_argument("--precision", type=_names, default=DEFAULTS.precision, metavar="P,Q",
+                        help=f"allowed precisions: {','.join(PRECISIONS)} (default "
+                        f"{','.join(DEFAULTS.precision)})")  # fmt: skip
+    parser.add_argument("--calibration", metavar="FILE.npz", default=DEFAULTS.calibration,
+                        help="representative inputs static int8 calibrates on: an .npz, one "
+                        "array per input name (accuracy=, the task's metric, is Python "
+                        "only: infertune.Accuracy)")  # fmt: skip
+    parser.add_argument("--rtol", type=float, default=DEFAULTS.rtol)
+    parser.add_argument("--atol", type=float, default=DEFAULTS.atol)
+    parser.add_argument("--time-budget-s", "--budget", dest="time_budget_s", type=float,
+                        default=DEFAULTS.time_budget_s, metavar="SECONDS",
+                        help="time budget for the whole optimization (--budget: the "
+                        "same)")  # fmt: skip
+    parser.add_argument("--batch-sizes", type=_sizes, default=DEFAULTS.batch_sizes,
+                        metavar="N,M", help="tune at these batch sizes too, e.g. 1,8,64: a "
+                        "choice per batch size, each call dispatched by its own")  # fmt: skip
+    parser.add_argument("--latency-budget-ms", type=float, default=DEFAULTS.latency_budget_ms,
+                        metavar="MS", help="with --objective throughput: most samples/s whose "
+                        "p99 is within MS")  # fmt: skip
+    parser.add_argument("--concurrency", type=_positive_int, default=DEFAULTS.concurrency,
+                        metavar="N", help="callers calling the result at once (a server's "
+                        "worker threads): candidates are measured and chosen under N "
+                        f"concurrent callers (default {DEFAULTS.concurrency})")  # fmt: skip
+    parser.add_argument("--isolation", choices=ISOLATIONS, default=DEFAULTS.isolation,
                         help="how a crashing or hanging candidate is contained (default: "
-                        "process, native runtimes rehearsed in a child process)")  # fmt: skip
-    parser.add_argument("--candidate-timeout", type=_timeout, default=300.0, metavar="SECONDS",
+                        f"{DEFAULTS.isolation}, native runtimes rehearsed in a child "
+                        "process)")  # fmt: skip
+    parser.add_argument("--candidate-timeout-s", "--candidate-timeout",
+                        dest="candidate_timeout_s", type=_timeout,
+                        default=DEFAULTS.candidate_timeout_s, metavar="SECONDS",
                         help="seconds one candidate may take to prepare and verify, or 'none' "
-                        "(default 300)")  # fmt: skip
-    parser.add_argument("--reference", choices=("eager", "traced"), default="eager",
+                        f"(default {DEFAULTS.candidate_timeout_s:g}; --candidate-timeout: the "
+                        "same)")  # fmt: skip
+    parser.add_argument("--reference", choices=REFERENCES, default=DEFAULTS.reference,
                         help="what candidates must reproduce: the model's eager call model(x) "
-                        "(default) or its traced graph, what model.predict() and "
-                        "model.export() compute")  # fmt: skip
+                        f"(default {DEFAULTS.reference}) or its traced graph, what "
+                        "model.predict() and model.export() compute")  # fmt: skip
     parser.add_argument("--json", metavar="FILE", help="also write the report as JSON")
     parser.add_argument("--save", metavar="DIR",
                         help="save the result (artifact, settings, report, manifest) in a new "
@@ -244,8 +301,14 @@ def _explain(args: argparse.Namespace) -> int:
 
 def _demo(args: argparse.Namespace) -> int:
     from .demo import demo_model
+    from .errors import OptionError
 
     _check_before_tuning(args)
+    if args.html is None:  # beside the JSON report where there is one
+        args.html = str(user_path(args.json).with_suffix(".html")) if args.json else DEMO_HTML
+    if not user_path(args.html).parent.is_dir():
+        raise OptionError(f"--html {args.html}: the directory '{user_path(args.html).parent}' "
+                          "does not exist.")  # fmt: skip
     model, sample = demo_model(args.model)
     return _tune_and_print(model, sample, args)
 
@@ -259,6 +322,9 @@ def _tune_and_print(model, sample, args: argparse.Namespace) -> int:
     print(opt.report)
     if args.json:
         opt.report.to_json(user_path(args.json))
+    if getattr(args, "html", None):
+        opt.report.to_html(user_path(args.html))
+        print(f"HTML report (latency, tuning time, every candidate): {user_path(args.html)}")
     if args.save:
         print(f"saved {opt.backend} to {opt.save(args.save)}")
     return 0
@@ -271,14 +337,26 @@ def _optimize_kwargs(args: argparse.Namespace) -> dict:
         "precision": args.precision,
         "rtol": args.rtol,
         "atol": args.atol,
-        "time_budget_s": args.budget,
+        "time_budget_s": args.time_budget_s,
         "batch_sizes": args.batch_sizes,
         "latency_budget_ms": args.latency_budget_ms,
         "concurrency": args.concurrency,
         "isolation": args.isolation,
-        "candidate_timeout_s": args.candidate_timeout,
+        "candidate_timeout_s": args.candidate_timeout_s,
         "reference": args.reference,
+        "calibration": _calibration(args.calibration),
     }
+
+
+def _calibration(path: str | None):
+    """--calibration's inputs: the .npz's one array (or its one named array), else a dict by
+    input name."""
+    if path is None:
+        return None
+    arrays = _arrays(path, None)
+    if isinstance(arrays, dict) and len(arrays) == 1:
+        return next(iter(arrays.values()))
+    return arrays
 
 
 def _check_before_tuning(args: argparse.Namespace) -> None:
@@ -327,17 +405,33 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace) -> int:
+    from .compare import load_report
+
+    report = load_report(args.file)
+    print(report)
+    if args.html:
+        report.to_html(user_path(args.html))
+        print(f"HTML report: {user_path(args.html)}")
+    return 0
+
+
+def _compare(args: argparse.Namespace) -> int:
+    """Exit status 0: passed; 1: a regression; 2: a usage error or a file not a report."""
     import json
 
+    from .compare import compare_files
     from .errors import InfertuneError
-    from .report import Report
 
     try:
-        report = Report.from_json(args.file)
-    except (json.JSONDecodeError, KeyError, TypeError) as exc:
-        raise InfertuneError(f"{args.file} is not an infertune report: {exc}") from exc
-    print(report)
-    return 0
+        result = compare_files(args.old, args.new, max_slowdown=args.max_slowdown,
+                               max_drop=args.max_drop)  # fmt: skip
+    except InfertuneError as exc:
+        print(f"infertune compare: error: {exc}", file=sys.stderr)
+        return 2
+    print(result.text())
+    if args.json:
+        user_path(args.json).write_text(json.dumps(result.to_dict(), indent=2) + "\n")
+    return result.exit_code()
 
 
 def _env(args: argparse.Namespace) -> int:
@@ -375,6 +469,20 @@ def _timeout(text: str) -> float | None:
     value = float(text)
     if not value > 0:
         raise argparse.ArgumentTypeError(f"must be > 0 seconds or 'none', got {text}")
+    return value
+
+
+def _ratio(text: str) -> float:
+    value = float(text)
+    if not value >= 1.0:
+        raise argparse.ArgumentTypeError(f"must be >= 1 (1.10: 10% slower), got {text}")
+    return value
+
+
+def _drop(text: str) -> float:
+    value = float(text)
+    if not value >= 0.0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
     return value
 
 
@@ -420,6 +528,19 @@ class _MissingExtra(Exception):
     """An optional package a verb needs is not installed; the message names the extra."""
 
 
+def _arrays(path: str, declared):
+    """The inputs an .npz holds: its one array, or a dict by input name."""
+    import numpy as np
+
+    with np.load(user_path(path)) as data:
+        arrays = {key: data[key] for key in data.files}
+    if list(arrays) == ["arr_0"]:
+        return arrays["arr_0"]
+    if declared is not None and not isinstance(declared, dict) and len(arrays) == 1:
+        return next(iter(arrays.values()))
+    return arrays
+
+
 def _sample(args: argparse.Namespace, declared):
     """The sample: from --sample, else drawn from --input and the model's declared inputs."""
     import numpy as np
@@ -428,13 +549,7 @@ def _sample(args: argparse.Namespace, declared):
     from .structure import flatten
 
     if args.sample:
-        with np.load(user_path(args.sample)) as data:
-            arrays = {key: data[key] for key in data.files}
-        if list(arrays) == ["arr_0"]:
-            return arrays["arr_0"]
-        if declared is not None and not isinstance(declared, dict) and len(arrays) == 1:
-            return next(iter(arrays.values()))
-        return arrays
+        return _arrays(args.sample, declared)
     try:
         given = [_parse_input(text) for text in args.input]
         low, high = (int(v) for v in args.int_range.split(","))

@@ -14,7 +14,15 @@ import platform
 import sys
 from importlib import metadata
 
-__all__ = ["collect_environment", "differences", "fingerprint", "gpu_devices"]
+__all__ = [
+    "BF16_FLAGS",
+    "INT8_DOT_FLAGS",
+    "collect_environment",
+    "differences",
+    "fingerprint",
+    "gpu_devices",
+    "precision_instructions",
+]
 
 # Packages whose versions change results or speed; absent ones are recorded as None.
 _PACKAGES = (
@@ -33,16 +41,13 @@ _PACKAGES = (
     "infertune",
 )
 _CPU_FLAGS = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni", "avx512_fp16", "amx_bf16")
-
-
-def child_environment(**extra: str) -> dict[str, str]:
-    """The environment for a child Python process that imports what this one does: this
-    process's, with its sys.path as PYTHONPATH (an editable install, a test's path), and
-    `extra` on top."""
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if isinstance(p, str) and p)
-    env.update(extra)
-    return env
+# The instructions reduced precision runs fast on: int8 dot products summed in int32 (VNNI,
+# AMX), and bfloat16 arithmetic (without them OpenVINO emulates bf16, slower than float32).
+# The report's environment lists those present ("precision_instructions"); the CPU model
+# decides them, so they stay out of the fingerprint (results tuned before they were listed
+# keep their key).
+INT8_DOT_FLAGS = ("avx512_vnni", "avx_vnni", "amx_int8")
+BF16_FLAGS = ("avx512_bf16", "amx_bf16")
 
 
 def usable_cores() -> int:
@@ -74,6 +79,12 @@ def install_hint(extra: str) -> str:
     return f"pip install {quoted} ({where})"
 
 
+def precision_instructions() -> list[str]:
+    """The CPU's instructions for int8 and bfloat16 arithmetic (INT8_DOT_FLAGS, BF16_FLAGS),
+    as /proc/cpuinfo lists them (empty where it cannot be read)."""
+    return list(_cpu_info()["precision_instructions"])
+
+
 def _cpu_info() -> dict:
     model, flags = platform.processor() or platform.machine(), set()
     try:
@@ -94,6 +105,7 @@ def _cpu_info() -> dict:
         "logical_cores": os.cpu_count(),
         "usable_cores": usable_cores(),
         "features": [flag for flag in _CPU_FLAGS if flag in flags],
+        "precision_instructions": [f for f in (*INT8_DOT_FLAGS, *BF16_FLAGS) if f in flags],
     }
 
 
@@ -151,9 +163,10 @@ def fingerprint(environment: dict) -> str:
     and the thread variables. The same with or without TensorFlow imported (nothing in it is
     read through TensorFlow), so a process that never imports it computes the same value."""
     threads = environment.get("threads") or {}
+    cpu = {k: v for k, v in (environment.get("cpu") or {}).items() if k != "precision_instructions"}
     relevant = {
         "python": environment.get("python"),
-        "cpu": environment.get("cpu"),
+        "cpu": cpu,
         "gpu_devices": environment.get("gpu_devices"),
         "packages": environment.get("packages"),
         "threads": {k: v for k, v in threads.items() if not k.startswith("tf_")},

@@ -7,8 +7,10 @@
     ├── ArtifactError           a saved result is modified, incomplete, or not one infertune reads
     ├── EnvironmentMismatchError a saved result needs what this environment lacks (a runtime,
     │                           a GPU, a version that can load it)
-    └── ExportError             a result cannot be written in the form asked for (save() of a
-                                custom backend, export_triton() of a candidate Triton cannot run)
+    ├── ExportError             a result cannot be written in the form asked for (save() of a
+    │                           custom backend, export_triton() of a candidate Triton cannot run)
+    └── ClosedError             (also RuntimeError) a result was called, saved or exported
+                                after close() or the end of its `with` block
 
 A failing candidate backend never raises out of optimize(): it is reported as `failed`.
 Anything else that escapes is a bug in infertune.
@@ -16,14 +18,19 @@ Anything else that escapes is a bug in infertune.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any, NoReturn
+
 __all__ = [
     "ArtifactError",
+    "ClosedError",
     "EnvironmentMismatchError",
     "ExportError",
     "InfertuneError",
     "InputError",
     "ModelError",
     "OptionError",
+    "closed_call",
 ]
 
 
@@ -55,6 +62,22 @@ class EnvironmentMismatchError(InfertuneError):
 
 class ExportError(InfertuneError):
     """A tuned result cannot be written in the requested form; the message says why."""
+
+
+class ClosedError(InfertuneError, RuntimeError):
+    """A result, a served model or one of their backends was used after close(): its runtime
+    is released, so the call cannot run (and must not run on a freed session)."""
+
+
+def closed_call(message: str) -> Callable[..., NoReturn]:
+    """A function that raises ClosedError(message) whatever it is given: what close() puts
+    where a runtime's call was, so that every path that took the call fails clearly and none
+    holds the runtime, at no cost to the calls before."""
+
+    def closed(*args: Any, **kwargs: Any) -> NoReturn:
+        raise ClosedError(message)
+
+    return closed
 
 
 def one_line(exc: BaseException, limit: int = 240) -> str:

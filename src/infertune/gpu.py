@@ -24,7 +24,6 @@ import hashlib
 import importlib
 import importlib.util
 import json
-import os
 import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -47,7 +46,6 @@ __all__ = [
     "Profile",
     "TfBuild",
     "default_batch_sizes",
-    "engine_cache_dir",
     "engine_cache_key",
     "enable_tf_memory_growth",
     "gpu_facts",
@@ -392,16 +390,6 @@ def engine_cache_key(
     }
     digest.update(json.dumps(settings, sort_keys=True).encode())
     return digest.hexdigest()[:32]
-
-
-def engine_cache_dir() -> Path:
-    """Where TensorRT engines are kept between runs: $INFERTUNE_TRT_CACHE, else
-    $XDG_CACHE_HOME/infertune/tensorrt (~/.cache/infertune/tensorrt)."""
-    explicit = os.environ.get("INFERTUNE_TRT_CACHE")
-    if explicit:
-        return Path(explicit)
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "infertune" / "tensorrt"
 
 
 # --- ONNX Runtime IO binding ---------------------------------------------------------------

@@ -21,22 +21,16 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-__all__ = ["PEAK_EVERY", "MachineRecord", "machine_file"]
+from .settings import machine_file
+
+__all__ = ["MEMORY_RUNS", "PEAK_EVERY", "MachineRecord"]
 
 # 2: a candidate's estimate counts its calls at the runtime's likely speed, not the model's
 # eager call (planning.Probe.runtime_call_s): corrections learned before would misapply.
 _VERSION = 2
 _EMA = 0.5  # weight of the newest run in a learned correction: follows a changed load fast
 PEAK_EVERY = 10  # runs between two measurements of the peak
-
-
-def machine_file() -> Path | None:
-    """Where the record lives; None when INFERTUNE_MACHINE_FILE is 'off' (or empty)."""
-    explicit = os.environ.get("INFERTUNE_MACHINE_FILE")
-    if explicit is not None:
-        return None if explicit.strip().lower() in ("", "off", "none", "0") else Path(explicit)
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "infertune" / "machine.json"
+MEMORY_RUNS = 8  # a conversion's measured peaks kept, the newest
 
 
 class MachineRecord:
@@ -99,19 +93,28 @@ class MachineRecord:
         old = corrections.get(kind)
         corrections[kind] = ratio if old is None else (1 - _EMA) * old + _EMA * ratio
 
-    def memory_factor(self, conversion: str) -> float | None:
-        """The copies of the weights `conversion` held at its peak here, learned from earlier
-        runs on large models; None before any run measured it."""
-        value = self.data.get("memory", {}).get(conversion)
-        return float(value) if isinstance(value, int | float) and value > 0 else None
+    def memory_runs(self, conversion: str) -> list[tuple[int, int]]:
+        """(weights, peak) in bytes of `conversion`'s last MEMORY_RUNS runs here: its peak
+        above what the process held when it began, for a model of that many bytes of weights
+        (pipeline/memory.py estimates from them)."""
+        runs = self.data.get("memory_runs", {}).get(conversion, [])
+        return [
+            (int(w), int(p))
+            for w, p in runs
+            if isinstance(w, int | float) and isinstance(p, int | float) and w > 0 and p >= 0
+        ]
 
-    def learn_memory(self, conversion: str, factor: float) -> None:
-        """Fold one run's measured peak (in copies of the weights) into `conversion`'s."""
-        if not factor > 0:
+    def learn_memory(self, conversion: str, weights: int, peak: int) -> None:
+        """Keep one run's measured peak (bytes above what was held) for its weights."""
+        if not (weights > 0 and peak >= 0):
             return
-        memory = self.data.setdefault("memory", {})
-        old = memory.get(conversion)
-        memory[conversion] = factor if old is None else (1 - _EMA) * old + _EMA * factor
+        # Factors learned before 2026-11-26 ("memory"), one number whatever the size: small
+        # models' fixed costs over their tiny weights (15x) skipped a 2.56 GB model's best
+        # candidates. They say nothing of the size they came from: dropped.
+        self.data.pop("memory", None)
+        runs = self.data.setdefault("memory_runs", {}).setdefault(conversion, [])
+        runs.append([int(weights), int(peak)])
+        del runs[:-MEMORY_RUNS]
 
     def wins(self, regime: str) -> dict[str, int]:
         """{candidate family: runs it was chosen in} for models of this regime."""

@@ -4,6 +4,12 @@ A `ModelSource` knows how to call the original model (the reference), what input
 and gives a flat-in/flat-out graph function that tf.function, XLA and the ONNX export trace.
 Loading happens here: a Keras 3 model (or tf_keras), a tf.Module or tf.function, a SavedModel
 directory, or a .keras / .h5 file.
+
+A Keras model is called in inference mode, `model(x, training=False)`: what `model.predict(x)`
+and the `serve` endpoint of `model.export()` compute, and how a model is served. Called as
+`model(x)`, a layer whose call defaults to `training=True` (Keras' RandomRotation, RandomZoom
+and the other augmentation layers) is active: two calls differ, and no result could match
+either (`inference_note` names such layers for the report).
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ from .paths import user_path
 from .quiet import import_tensorflow
 from .structure import Structure, flatten
 
-__all__ = ["ModelSource", "load_model", "tensor_specs"]
+__all__ = ["ModelSource", "inference_call", "load_model", "tensor_specs", "training_layers"]
 
 
 class ModelSource:
@@ -36,6 +42,7 @@ class ModelSource:
         declared_inputs: Any | None = None,
         default_float: np.dtype | None = None,
         owner: Any | None = None,
+        inference_note: str | None = None,
     ):
         self._call = call
         self.description = description
@@ -43,6 +50,9 @@ class ModelSource:
         self.declared_inputs = declared_inputs
         self.default_float = default_float
         self.owner = owner  # the loaded object: its variables must outlive `call`
+        # For a Keras model: the call reproduced (inference mode) and the layers whose
+        # behaviour differs under model(x) with its default, for the report.
+        self.inference_note = inference_note
 
     def __call__(self, structured_inputs: Any) -> Any:
         return self._call(structured_inputs)
@@ -102,13 +112,55 @@ def _from_keras(model: Any) -> ModelSource:
     name = getattr(model, "name", "model")
     kind = type(model).__name__
     return ModelSource(
-        model,
+        inference_call(model),
         f"Keras model '{name}' ({kind})",
         is_keras=True,
         declared_inputs=declared,
         default_float=floatx,
         owner=model,
+        inference_note=_inference_note(model),
     )
+
+
+def inference_call(model: Any) -> Callable[[Any], Any]:
+    """A Keras model's call in inference mode: model(x, training=False), what predict() and
+    an exported model's `serve` compute."""
+
+    def call(x: Any) -> Any:
+        return model(x, training=False)
+
+    return call
+
+
+def _inference_note(model: Any) -> str:
+    """What the reference is, and the layers whose call defaults to training=True (active
+    under model(x), inactive in inference mode), by class and name."""
+    note = "the reference is model(x, training=False): inference mode, as model.predict(x) and "
+    note += "model.export()'s serve endpoint compute it"
+    differ = training_layers(model)
+    if differ:
+        note += (
+            f"; under model(x) with its default, these layers would be active (their call "
+            f"defaults to training=True): {', '.join(differ)}"
+        )
+    return note
+
+
+def training_layers(model: Any) -> list[str]:
+    """'Class name' of each layer of `model` (nested) whose call defaults to training=True."""
+    import inspect
+
+    flatten_layers = getattr(model, "_flatten_layers", None)
+    layers = list(flatten_layers(include_self=False, recursive=True)) if flatten_layers else []
+    found = []
+    for layer in layers:
+        try:
+            parameter = inspect.signature(type(layer).call).parameters.get("training")
+        except (TypeError, ValueError):
+            continue
+        if parameter is not None and parameter.default is True:
+            found.append(f"{type(layer).__name__} '{layer.name}'")
+    return found
 
 
 def _keras_declared_inputs(model: Any) -> Any | None:

@@ -6,12 +6,14 @@ from __future__ import annotations
 import os
 import tempfile
 from pathlib import Path
+from types import TracebackType
 from typing import Any
 
 import numpy as np
 
 from .backends.base import Backend
 from .deploy.triton import TritonExport, check_exportable, export_saved
+from .errors import ClosedError, closed_call
 from .inputs import InputSignature
 from .outputs import OutputSignature
 from .paths import user_path
@@ -22,6 +24,11 @@ from .result.choice import Choice
 from .structure import Structure
 
 __all__ = ["Optimized"]
+
+_CLOSED = (
+    "This Optimized was closed (opt.close() or the end of its `with` block): its runtimes are "
+    "released. Call infertune.optimize(...) or infertune.load(...) again for a new one."
+)
 
 
 class Optimized:
@@ -37,6 +44,9 @@ class Optimized:
     conversion with free dimensions fails), calls at exactly those shapes take that
     exact-shape path (`backend`) and every other call goes to the choice among the others
     (`general_backend`, by batch size: `backends_by_batch`).
+
+    It holds native runtime sessions until `close()` (or the end of a `with` block) releases
+    them; a closed one raises `infertune.ClosedError` when called, saved or exported.
     """
 
     def __init__(
@@ -53,9 +63,21 @@ class Optimized:
         self._options = options
         self._saved_from = saved_from
         self._call = call_path(choice)
+        self._closed = False
 
     def __call__(self, x: Any) -> Any:
-        return self._call(x)
+        return self._call(x)  # close() replaces it: no check of its own on each call
+
+    def __enter__(self) -> Optimized:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.close()
 
     @property
     def input_signature(self) -> InputSignature:
@@ -76,9 +98,10 @@ class Optimized:
 
     @property
     def backend(self) -> str:
-        """Name of the candidate that serves calls at the sample's input shapes, e.g.
-        "onnxruntime-cpu": the chosen one, or the exact-shape path where there is one."""
-        return self._choice.serving.name
+        """Name of the selected candidate (the report's `selected`), e.g. "onnxruntime-cpu":
+        the one that serves calls at the sample's input shapes (the exact-shape path where
+        there is one)."""
+        return self._choice.selected.name
 
     @property
     def general_backend(self) -> str:
@@ -109,6 +132,7 @@ class Optimized:
         chosen at other batch sizes and the exact-shape path each in a directory of their
         own. `infertune.load(path)` restores it without tuning or converting again. Raises
         ExportError for a candidate that cannot be saved."""
+        self._check_open()
         return saved.save(
             self._choice, self.report, self._options, user_path(path), copy_of=self._saved_from
         )
@@ -135,6 +159,7 @@ class Optimized:
         to the client (the batch dimension is -1 in dims); N > 0 lets Triton batch requests
         up to N (dynamic batching); None: 0, or 32 for the Python backend where the model's
         batch is free. See docs/deploy.md."""
+        self._check_open()
         check_exportable(type(self._choice.general), self.general_backend, backend)
         repository = user_path(repository)
         if self._saved_from is not None:
@@ -145,12 +170,26 @@ class Optimized:
             return export_saved(path, repository, name, version, max_batch_size, backend)
 
     def close(self) -> None:
-        """Release the runtime's resources; the object cannot be called afterwards."""
+        """Release every runtime this result holds (the sessions, interpreters and compiled
+        models of each candidate it runs: every batch size's and the exact-shape path's).
+        Calling, saving or exporting it afterwards raises ClosedError; the report and the
+        signatures stay. Closing again does nothing; the end of a `with` block closes it."""
+        if self._closed:
+            return
+        self._closed = True
+        # The call path first: it is what holds the runtimes' calls (and, through them, the
+        # native sessions) besides the backends themselves.
+        self._call = closed_call(_CLOSED)
         self._choice.close()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ClosedError(_CLOSED)
 
     def __repr__(self) -> str:
         general = "" if self._choice.exact_shape is None else f" general={self.general_backend!r}"
+        closed = " closed" if self._closed else ""
         return (
             f"<Optimized backend={self.backend!r}{general} "
-            f"inputs=[{self.input_signature.describe()}]>"
+            f"inputs=[{self.input_signature.describe()}]{closed}>"
         )

@@ -8,34 +8,37 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import numpy as np
 
 from . import settings
+from .accuracy import Accuracy
 from .backends import BACKENDS, Backend
 from .errors import OptionError
 
 __all__ = [
-    "DEFAULT_CANDIDATE_TIMEOUT_S",
+    "DEFAULTS",
     "ISOLATIONS",
     "OBJECTIVES",
     "PRECISIONS",
     "REFERENCES",
+    "OPTION_NAMES",
     "REFERENCE_NAMES",
     "Options",
     "known_backends",
 ]
 
+# Every option's choices and default are here, once: optimize(), Options.checked and the
+# command line (cli.py) read them from this module.
 OBJECTIVES = ("latency", "throughput")
 PRECISIONS = ("fp32", "fp16", "bf16", "int8")
 ISOLATIONS = ("process", "thread", "off")
 # What candidates are verified against: the model's eager call model(x), or its traced graph
 # (tf.function(model): what model.predict() and model.export() compute).
 REFERENCES = ("eager", "traced")
-DEFAULT_CANDIDATE_TIMEOUT_S = 300.0  # a TensorRT engine build can take minutes
 # The model's own call: always measured, as the reference, whatever `backends` names.
 REFERENCE_NAMES = ("keras-eager", "original")
 MAX_CONCURRENCY = 256  # threads measuring one candidate at once: far past a 2-core machine
@@ -54,7 +57,7 @@ class Options:
     atol: float = 1e-5
     objective: str = "latency"
     time_budget_s: float | None = None
-    precisions: tuple[str, ...] = ("fp32",)
+    precision: tuple[str, ...] = ("fp32",)
     # The candidates asked for besides the reference (names or Backend instances), in order;
     # None: every registered one.
     backends: tuple[str | Backend, ...] | None = None
@@ -62,28 +65,32 @@ class Options:
     latency_budget_ms: float | None = None
     concurrency: int = 1  # callers calling the result at once, as a service's threads do
     isolation: str = "process"
-    candidate_timeout_s: float | None = DEFAULT_CANDIDATE_TIMEOUT_S
+    candidate_timeout_s: float | None = 300.0  # a TensorRT engine build can take minutes
     reference: str = "eager"
+    # Reduced precision: representative inputs the quantizers calibrate on (arrays, a dict of
+    # arrays, a tf.data.Dataset or an iterable of batches; datasets.py), and the task it is
+    # judged by (accuracy.Accuracy; None: the agreement rule).
+    calibration: Any = field(default=None, compare=False)
+    accuracy: Accuracy | None = field(default=None, compare=False)
     started: float = field(default_factory=time.perf_counter)  # when the budget started
+    # A digest of the calibration and labelled data, once read (pipeline/tune.py): part of
+    # what decides the result (the tuning cache's key).
+    data_digest: str | None = None
 
     @classmethod
-    def checked(
-        cls,
-        *,
-        backends: Sequence[str | Backend] | str | None = None,
-        rtol: Any = 1e-3,
-        atol: Any = 1e-5,
-        objective: Any = "latency",
-        time_budget_s: Any = None,
-        precision: Any = ("fp32",),
-        batch_sizes: Any = None,
-        latency_budget_ms: Any = None,
-        concurrency: Any = 1,
-        isolation: Any = "process",
-        candidate_timeout_s: Any = DEFAULT_CANDIDATE_TIMEOUT_S,
-        reference: Any = "eager",
-    ) -> Options:
-        """The options as optimize() takes them, checked; OptionError says what is wrong."""
+    def checked(cls, **given: Any) -> Options:
+        """The options as optimize() takes them (by name; any left out takes its default,
+        the field's above), checked; OptionError says what is wrong."""
+        unknown = sorted(set(given) - set(OPTION_NAMES))
+        if unknown:
+            raise TypeError(f"unknown option(s) {unknown}; the options are {list(OPTION_NAMES)}")
+        values = {name: getattr(DEFAULTS, name) for name in OPTION_NAMES} | given
+        rtol, atol, objective = values["rtol"], values["atol"], values["objective"]
+        time_budget_s, precision = values["time_budget_s"], values["precision"]
+        latency_budget_ms, concurrency = values["latency_budget_ms"], values["concurrency"]
+        isolation, reference = values["isolation"], values["reference"]
+        candidate_timeout_s = values["candidate_timeout_s"]
+        _check_reduced(values["precision"], values["calibration"], values["accuracy"])
         numbers = isinstance(rtol, int | float) and isinstance(atol, int | float)
         if not (numbers and rtol >= 0 and atol >= 0):
             raise OptionError(
@@ -91,8 +98,8 @@ class Options:
             )
         _check_choice("objective", objective, OBJECTIVES)
         _check_positive_or_none("time_budget_s", time_budget_s)
-        precisions = (precision,) if isinstance(precision, str) else tuple(precision)
-        if not precisions or any(p not in PRECISIONS for p in precisions):
+        allowed = (precision,) if isinstance(precision, str) else tuple(precision)
+        if not allowed or any(p not in PRECISIONS for p in allowed):
             raise OptionError(
                 f"precision must be a subset of {PRECISIONS}. Received: {precision!r}."
             )
@@ -118,14 +125,16 @@ class Options:
             atol=atol,
             objective=objective,
             time_budget_s=time_budget_s,
-            precisions=precisions,
-            backends=_checked_backends(backends),
-            batch_sizes=_checked_batch_sizes(batch_sizes),
+            precision=allowed,
+            backends=_checked_backends(values["backends"]),
+            batch_sizes=_checked_batch_sizes(values["batch_sizes"]),
             latency_budget_ms=latency_budget_ms,
             concurrency=int(concurrency),
             isolation=isolation,
             candidate_timeout_s=candidate_timeout_s,
             reference=reference,
+            calibration=values["calibration"],
+            accuracy=values["accuracy"],
         )
 
     @property
@@ -143,7 +152,7 @@ class Options:
             "rtol": self.rtol,
             "atol": self.atol,
             "objective": self.objective,
-            "precision": sorted(self.precisions),
+            "precision": sorted(self.precision),
             "batch_sizes": list(self.batch_sizes) if self.batch_sizes else None,
             "latency_budget_ms": self.latency_budget_ms,
             "concurrency": self.concurrency,
@@ -151,6 +160,10 @@ class Options:
         }
         if self.reference != "eager":
             saved["reference"] = self.reference
+        if self.accuracy is not None:
+            saved["accuracy"] = self.accuracy.settings()
+        if self.data_digest is not None:
+            saved["data"] = self.data_digest
         return saved
 
     @classmethod
@@ -182,6 +195,30 @@ class Options:
             return settings.measure_s()
         end = self.deadline if deadline is None else deadline
         return max(0.2, (end - after_s - time.perf_counter()) / batch_sizes_left)
+
+
+# optimize()'s options, by the names it takes them under (the fields above, but the two the
+# pipeline sets).
+OPTION_NAMES = tuple(f.name for f in fields(Options) if f.name not in ("started", "data_digest"))
+# Every option's default: the fields' (optimize()'s signature and the command line show these).
+DEFAULTS = Options()
+
+
+def _check_reduced(precision: Any, calibration: Any, accuracy: Any) -> None:
+    """calibration= and accuracy= apply to reduced precision: given without it, they would
+    be ignored silently."""
+    if accuracy is not None and not isinstance(accuracy, Accuracy):
+        raise OptionError(
+            f"accuracy must be an infertune.Accuracy(data=(x, y), metric=..., max_drop=...) or "
+            f"None. Received: accuracy of type {type(accuracy).__name__}."
+        )
+    allowed = (precision,) if isinstance(precision, str) else tuple(precision or ())
+    if (calibration is not None or accuracy is not None) and set(allowed) <= {"fp32"}:
+        given = "calibration=" if calibration is not None else "accuracy="
+        raise OptionError(
+            f"{given} applies to reduced-precision candidates: allow them with "
+            f"precision=('fp32', 'bf16', 'int8'), or leave {given} out."
+        )
 
 
 def _checked_backends(backends: Any) -> tuple[str | Backend, ...] | None:

@@ -43,6 +43,20 @@ class CandidateResult:
     # those shapes, and why it runs no other.
     exact_shapes: list[list[int]] | None = None
     exact_reason: str | None = None
+    # A reduced-precision candidate's gate (accuracy.py): the rule it was judged by, and with
+    # Accuracy the metric for it and for the float32 model, the drop and the margin's upper
+    # end it was accepted or rejected on, against max_drop.
+    gate: str | None = None
+    metric: float | None = None
+    reference_metric: float | None = None
+    metric_drop: float | None = None
+    metric_drop_bound: float | None = None
+    max_drop: float | None = None
+    # How it was quantized (calibration method, layers kept in float32), in words, and each
+    # layer kept in float32, in the order kept, with the p50 after keeping it (ms, timed
+    # against the fastest exact candidate): [{"layer", "p50_ms"}].
+    quantization: str | None = None
+    kept_fp32: list[dict] | None = None
 
     @property
     def exact_words(self) -> str:
@@ -284,6 +298,15 @@ class Report:
             user_path(path).write_text(text + "\n", encoding="utf-8")
         return text
 
+    def to_html(self, path: str | Path | None = None) -> str:
+        """The report as one self-contained HTML page (inline SVG, no script, opens offline):
+        each measured candidate's latency, the tuning time by stage, every candidate's fate,
+        the environment and, with reduced precision, accuracy against speed; written to
+        `path` too when one is given (`~` expanded). The same report gives the same bytes."""
+        from .report_html import render, write_html
+
+        return render(self) if path is None else write_html(self, path)
+
     def __str__(self) -> str:
         return self.table()
 
@@ -333,6 +356,7 @@ class Report:
         if self.memory and self.memory.get("peak_bytes"):
             lines.append(memory_line(self.memory))
         lines.extend(self._reason_lines(hidden))
+        lines.extend(self._precision_lines())
         for clause, names in grouped.items():
             lines.append(
                 f"  unavailable here ({len(names)}): {', '.join(names)}: {clause} (each one's "
@@ -352,6 +376,29 @@ class Report:
         if self.diagnosis is not None:
             lines.extend(["", str(self.diagnosis)])
         return "\n".join(lines)
+
+    def _precision_lines(self) -> list[str]:
+        """What each reduced-precision candidate the gate judged kept of the task (or of its
+        agreement with the model), and the rule."""
+        judged = [c for c in self.candidates if c.gate]
+        if not judged:
+            return []
+        lines = [f"  reduced precision, judged by {judged[0].gate}:"]
+        for c in judged:
+            if c.metric is not None:
+                words = (
+                    f"{c.metric:.4g} against the model's {c.reference_metric:.4g}: drop "
+                    f"{c.metric_drop:.4g}, at most {c.metric_drop_bound:.4g} (max_drop "
+                    f"{c.max_drop:g})"
+                )
+            else:
+                words = c.reason if c.status != "mismatch" else c.reason.split(" (")[0]
+            if c.quantization:
+                words += f"; {c.quantization}"
+            for kept in c.kept_fp32 or []:
+                words += f"; kept {kept['layer']} in float32: p50 {kept['p50_ms']:.4g} ms"
+            lines.append(f"    {c.name} ({c.status}): {words}")
+        return lines
 
     def _unavailable_groups(self) -> dict[str, list[str]]:
         """{first clause of the reason: names} for candidates unavailable for the same first

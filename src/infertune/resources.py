@@ -66,7 +66,7 @@ def _malloc_trim():
 # each keeping what its threads freed) and the system allocator under oneDNN (not its pool,
 # which keeps TensorFlow's large tensors for the rest of the process). Both are read when
 # the process starts (TensorFlow's at its first large allocation): the TFLite conversion's
-# child process gets them (litert_child.py); optimize() in a process started with them
+# child process gets them (export/tflite_child.py); optimize() in a process started with them
 # peaked at 3.8-4.4x a BERT-base-sized model's weights, 4.9-5.2x without (two runs each;
 # benchmarks/large.py --lean-allocators).
 LEAN_ALLOCATORS = {"MALLOC_ARENA_MAX": "1", "TF_ONEDNN_USE_SYSTEM_ALLOCATOR": "1"}

@@ -17,18 +17,24 @@ it is used, so a test sets it with `monkeypatch.setenv` and a benchmark in its e
                              unset: what is free when tuning begins
     INFERTUNE_HOLD_ALL_BYTES memory (bytes) past which the verified candidates that copy the
                              weights are not all held for the measurement at once (default
-                             2 GiB; pipeline/preparing.py, "large models"; tests lower it)
-    INFERTUNE_MACHINE_FILE   where what runs learn about the machine is kept (machine.py)
+                             2 GiB; pipeline/tournament.py; tests lower it)
+    INFERTUNE_MACHINE_FILE   where what runs learn about the machine is kept (machine.py;
+                             default $XDG_CACHE_HOME/infertune/machine.json, "off": nowhere)
+    INFERTUNE_TRT_CACHE      where TensorRT engines are kept between runs (gpu.py; default
+                             $XDG_CACHE_HOME/infertune/tensorrt)
 """
 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 __all__ = [
     "TF_WORKER_MODES",
+    "engine_cache_dir",
     "external_data_bytes",
     "hold_all_bytes",
+    "machine_file",
     "measure_s",
     "memory_limit_bytes",
     "tf_worker_mode",
@@ -72,6 +78,29 @@ def tf_worker_mode() -> str:
             f"INFERTUNE_TF_WORKER must be one of {TF_WORKER_MODES}. Received: {value!r}."
         )
     return value
+
+
+def machine_file() -> Path | None:
+    """INFERTUNE_MACHINE_FILE: where the machine's record lives; None for "off" (or empty),
+    $XDG_CACHE_HOME/infertune/machine.json where unset."""
+    explicit = os.environ.get("INFERTUNE_MACHINE_FILE")
+    if explicit is not None:
+        return None if explicit.strip().lower() in ("", "off", "none", "0") else Path(explicit)
+    return _cache_home() / "infertune" / "machine.json"
+
+
+def engine_cache_dir() -> Path:
+    """INFERTUNE_TRT_CACHE: where TensorRT engines are kept between runs, else
+    $XDG_CACHE_HOME/infertune/tensorrt."""
+    explicit = os.environ.get("INFERTUNE_TRT_CACHE")
+    if explicit:
+        return Path(explicit)
+    return _cache_home() / "infertune" / "tensorrt"
+
+
+def _cache_home() -> Path:
+    """$XDG_CACHE_HOME, else ~/.cache."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"))
 
 
 def _positive(name: str, default: float) -> float:

@@ -12,13 +12,10 @@ import numpy as np
 from .inputs import InputSignature
 from .models import ModelSource
 from .resources import high_water_above, release_freed_memory
+from .sizes import ModelSize
 from .structure import Structure
 
 __all__ = ["Target"]
-
-
-# Weights past which each shared conversion hands its freed memory back at once.
-RELEASE_AFTER_BYTES = 64 << 20
 
 
 @dataclass
@@ -36,6 +33,9 @@ class Target:
     output_dtypes: list[np.dtype]
     objective: str = "latency"  # what optimize() tunes for: backends may set hints from it
     concurrency: int = 1  # callers calling at once: backends may size their pools from it
+    # optimize(calibration=...) as flat input batches: what quantizing conversions calibrate
+    # activation ranges on (None: none given; static int8 is then skipped).
+    calibration: list[list[np.ndarray]] | None = field(default=None, repr=False)
     _shared: dict[str, Any] = field(default_factory=dict, repr=False)
     _seconds: dict[str, float] = field(default_factory=dict, repr=False)
     used: list[str] = field(default_factory=list, repr=False)  # keys, in order of use
@@ -46,11 +46,13 @@ class Target:
     offloaded_seconds: dict[str, float] = field(default_factory=dict, repr=False)
     _traced: tuple[Any, Any] | None = field(default=None, repr=False)
     _weights: int | None = field(default=None, repr=False)
-    # Past RELEASE_AFTER_BYTES of weights: each conversion made here, the most this process
-    # held while it ran above what it held before (bytes), for the machine's record.
+    # Where the size is watched (ModelSize.watched): each conversion made here, the most this
+    # process held while it ran above what it held before (bytes), for the machine's record.
     memory_peaks: dict[str, int] = field(default_factory=dict, repr=False)
-    # Why the model counts as large here (preparing._large_model), None where it does not.
-    large: str | None = field(default=None, repr=False)
+    # Why memory is tight for this model here (pipeline/tournament.py: the verified
+    # candidates that copy its weights would pass INFERTUNE_HOLD_ALL_BYTES together), None
+    # where it is not: the pipeline then holds few copies of the weights at once.
+    memory_tight: str | None = field(default=None, repr=False)
 
     def traced(self) -> tuple[Any, Any]:
         """The model as one tf.function of its flat inputs, batch free, and its concrete
@@ -84,12 +86,20 @@ class Target:
         """weights_bytes() where something measured it already, else None."""
         return self._weights
 
-    def memory_factors(self) -> dict[str, float]:
-        """Each conversion's measured peak (`memory_peaks`) in copies of the weights."""
-        weights = self._weights
-        if not weights:
-            return {}
-        return {key: above / weights for key, above in self.memory_peaks.items()}
+    def calibration_feeds(self, names: list[str], limit: int = 128) -> list[dict[str, np.ndarray]]:
+        """The calibration inputs one sample at a time, as dicts by the given input names (a
+        runtime's), at most `limit` samples (the first ones): what the quantizers take."""
+        feeds: list[dict[str, np.ndarray]] = []
+        for batch in self.calibration or []:
+            for i in range(len(batch[0]) if batch[0].ndim else 1):
+                feeds.append({n: a[i : i + 1] for n, a in zip(names, batch)})
+                if len(feeds) >= limit:
+                    return feeds
+        return feeds
+
+    def size(self) -> ModelSize:
+        """The model's size (its weights' bytes) and what follows from it (sizes.py)."""
+        return ModelSize(self.weights_bytes())
 
     def weights_bytes(self) -> int:
         """Bytes of the variables the traced function captures (what freezing makes
@@ -113,7 +123,7 @@ class Target:
             self._building.add(key)
             start = time.perf_counter()
             try:
-                if (self._weights or 0) > RELEASE_AFTER_BYTES:
+                if self._watched():
                     value, above = high_water_above(lambda: self._offloaded_or(key, build))
                     if above is not None and key not in self.offloaded_seconds:
                         self.memory_peaks[key] = above
@@ -129,7 +139,7 @@ class Target:
                 # unless asked: on a BERT-base-sized model, gigabytes that no candidate
                 # after it would ever reuse. Not for small models: the full garbage
                 # collection would cost more time than the memory is worth.
-                if (self._weights or 0) > RELEASE_AFTER_BYTES:
+                if self._watched():
                     release_freed_memory()
             end = time.perf_counter()
             self._seconds[key] = end - start
@@ -138,6 +148,11 @@ class Target:
         if not ok:
             raise value
         return value
+
+    def _watched(self) -> bool:
+        """Whether the conversions' memory is watched: the weights measured already (a
+        conversion measures them first, through the trace) and past the threshold."""
+        return self._weights is not None and ModelSize(self._weights).watched
 
     def offload(self, key: str, conversion: Any) -> None:
         """`key` is being built elsewhere (tf_worker.OffloadedConversion): shared(key) takes

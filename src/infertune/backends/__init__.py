@@ -1,16 +1,27 @@
-"""The candidate backends. Adding one is a new file here plus one line in `BACKENDS`."""
+"""The candidate backends: one file each, and one line each in FAMILIES below.
+
+A family is one backend class with its variants (settings such as a thread count, named
+`family:variant`), and its rank among the families for each kind of model: the order
+optimize() tries them in under a time budget, most likely to win first (pipeline/planning.py:
+a compute-bound model is won by the best kernels, an overhead-bound one by the lowest
+per-call floor; FIELD_NOTES' baselines, docs/benchmarks.md). A family without a rank comes
+after the ranked ones, in the order of these lines; reduced precision after every exact one.
+
+Adding a backend: its file here (a subclass of base.Backend) and its line in FAMILIES.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from functools import partial
 
 from .base import Backend, Target
 from .keras_eager import KerasEager
-from .litert import litert_variants
-from .onnxruntime import onnxruntime_cpu_variants
-from .onnxruntime_gpu import onnxruntime_gpu_variants
-from .openvino import OpenVinoCpu, OpenVinoCpuBf16
+from .litert import LiteRTDynamicInt8, LiteRTInt8, litert_variants
+from .onnxruntime import OnnxRuntimeCpuInt8, OnnxRuntimeCpuInt8Static, onnxruntime_cpu_variants
+from .onnxruntime_gpu import OnnxRuntimeCuda, OnnxRuntimeTensorrt, OnnxRuntimeTensorrtFp16
+from .openvino import OpenVinoCpu, OpenVinoCpuBf16, OpenVinoCpuInt8
 from .tensorrt import TensorRtEngine, TensorRtEngineFp16
 from .tf_function import TfFunction
 from .tf_head import TensorFlowOnly, TfHeadChain
@@ -19,37 +30,86 @@ from .tf_xla import TfXla
 
 __all__ = [
     "BACKENDS",
+    "FAMILIES",
     "GPU_BACKENDS",
     "Backend",
+    "Family",
     "KerasEager",
     "Target",
     "TensorFlowOnly",
     "TfFunction",
     "TfHeadChain",
     "backend_class",
+    "family_of",
+    "family_rank",
 ]
 
-# The GPU candidates: without a GPU each is `unavailable` with its reason (gpu.py).
-_GPU: dict[str, Callable[[], Backend]] = {
-    **onnxruntime_gpu_variants(),
-    TensorRtEngine.name: TensorRtEngine,
-    TensorRtEngineFp16.name: TensorRtEngineFp16,
-    TfTrt.name: TfTrt,
-}
-GPU_BACKENDS: tuple[str, ...] = tuple(_GPU)
 
-# Every candidate optimize() knows, by name, in the order it tries them: a factory each.
-# The reference (keras-eager, or "original" for non-Keras models) is always tried first.
+def family_of(name: str) -> str:
+    """A candidate's family: its name without the variant (`onnxruntime-cpu:threads=1`)."""
+    return name.split(":")[0]
+
+
+@dataclass(frozen=True)
+class Family:
+    """A backend class and its variants, by candidate name, and its rank among the families
+    for a compute-bound and an overhead-bound model (0 first; None: after the ranked ones)."""
+
+    variants: dict[str, Callable[[], Backend]]
+    compute: int | None = None
+    overhead: int | None = None
+    gpu: bool = False  # without a GPU each is `unavailable` with its reason (gpu.py)
+
+    @property
+    def name(self) -> str:
+        return family_of(next(iter(self.variants)))
+
+
+def _one(cls: type[Backend]) -> dict[str, Callable[[], Backend]]:
+    return {cls.name: cls}
+
+
+# Every candidate optimize() knows, one family a line, GPU ones after every CPU one. The
+# reference (keras-eager, or "original" for non-Keras models) is not here: always tried first.
+FAMILIES: tuple[Family, ...] = (
+    Family(_one(TfFunction), compute=4, overhead=4),
+    Family(_one(TfXla), compute=3, overhead=3),
+    Family(onnxruntime_cpu_variants(), compute=2, overhead=0),
+    Family(_one(OnnxRuntimeCpuInt8)),
+    Family(_one(OnnxRuntimeCpuInt8Static)),
+    Family({OpenVinoCpu.name: OpenVinoCpu,
+            f"{OpenVinoCpu.name}:throughput": partial(OpenVinoCpu, "THROUGHPUT",
+                                                      callers_only=True)},
+           compute=0, overhead=2),
+    Family(_one(OpenVinoCpuBf16)),
+    Family(_one(OpenVinoCpuInt8)),
+    Family(litert_variants(), compute=1, overhead=1),
+    Family(_one(LiteRTInt8)),
+    Family(_one(LiteRTDynamicInt8)),
+    Family({OnnxRuntimeCuda.name: OnnxRuntimeCuda,
+            f"{OnnxRuntimeCuda.name}:graph": partial(OnnxRuntimeCuda, cuda_graph=True)}, gpu=True),
+    Family(_one(OnnxRuntimeTensorrt), gpu=True),
+    Family(_one(OnnxRuntimeTensorrtFp16), gpu=True),
+    Family(_one(TensorRtEngine), gpu=True),
+    Family(_one(TensorRtEngineFp16), gpu=True),
+    Family(_one(TfTrt), gpu=True),
+)  # fmt: skip
+
+# Every candidate by name, in the order of FAMILIES: a factory each.
 BACKENDS: dict[str, Callable[[], Backend]] = {
-    TfFunction.name: TfFunction,
-    TfXla.name: TfXla,
-    **onnxruntime_cpu_variants(),
-    OpenVinoCpu.name: OpenVinoCpu,
-    f"{OpenVinoCpu.name}:throughput": partial(OpenVinoCpu, "THROUGHPUT", callers_only=True),
-    OpenVinoCpuBf16.name: OpenVinoCpuBf16,
-    **litert_variants(),
-    **_GPU,  # after every CPU one
+    name: factory for family in FAMILIES for name, factory in family.variants.items()
 }
+GPU_BACKENDS: tuple[str, ...] = tuple(
+    name for family in FAMILIES if family.gpu for name in family.variants
+)
+_RANKS = {family.name: family for family in FAMILIES}
+
+
+def family_rank(name: str, regime: str) -> int | None:
+    """The rank of candidate `name`'s family for a model of `regime` ("compute" or
+    "overhead"), None where it has none."""
+    family = _RANKS.get(family_of(name))
+    return None if family is None else getattr(family, regime)
 
 
 def backend_class(kind: str) -> type[Backend] | None:

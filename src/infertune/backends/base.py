@@ -87,21 +87,21 @@ class Backend(ABC):
     # trace's time grows with the graph and the machine's speed as theirs do).
     conversions: ClassVar[tuple[str, ...]] = ()
     relative_cost: ClassVar[float] = 1.0
-    # For admission by memory (pipeline/preparing.py): the copies of the model's weights the
+    # For admission by memory (pipeline/memory.py): the copies of the model's weights the
     # prepared candidate holds in this process (a session's initializers and their packed
     # form, an interpreter's flatbuffer and XNNPACK's packed weights), beyond the model
-    # itself. Its shared conversions' transient copies are counted apart (CONVERSION_MEMORY).
+    # itself. Its shared conversions' transient copies are counted apart (export/registry.py).
     memory_factor: ClassVar[float] = 1.0
     # Copies of the weights it makes only while it compiles (XLA's buffers for a gather on an
     # embedding table), beyond memory_factor: counted while it is admitted, not after.
     compile_memory_factor: ClassVar[float] = 0.0
     # Where the candidate differs from another of its class only in a session option that
     # seldom decides the choice (ONNX Runtime's spinning, optimization level, execution mode):
-    # that option, in words. Such a variant is not tried where the model is large
-    # (pipeline/preparing.py): each one holds its own copy of the weights.
+    # that option, in words. Such a variant is not tried where memory is tight
+    # (pipeline/tournament.py): each one holds its own copy of the weights.
     session_variant: str | None = None
     # Where the candidate runs on fewer threads than the cores (`:threads=N`): for one caller
-    # on a large model it is not tried either (pipeline/preparing.py): a call's work there is
+    # on a large model it is not tried either (pipeline/tournament.py): a call's work there is
     # large enough for every core (BERT-base-sized, 2 cores: 1 thread lost 1.8-2.1x).
     threads_variant: int | None = None
     # The input shapes this prepared backend can run, where it runs only those (known once
@@ -115,6 +115,15 @@ class Backend(ABC):
     # A variant worth trying only where several callers call at once (OpenVINO's THROUGHPUT
     # hint: streams one caller cannot fill): with optimize(concurrency=1) it is skipped.
     callers_only: bool = False
+    # A quantizing candidate whose conversion calibrates on optimize(calibration=...): without
+    # calibration data it is `skipped`, saying so.
+    needs_calibration: ClassVar[bool] = False
+    # Its calibration methods, the first its default: the pipeline tries the next where one
+    # does not pass the gate (`variant(method=...)`); empty: one way only.
+    calibration_methods: ClassVar[tuple[str, ...]] = ()
+    # Whether it can leave chosen layers in float32 (`variant(keep=...)`): where the gate
+    # rejects it, the layers that lose most are kept, one group at a time.
+    keeps_layers: ClassVar[bool] = False
     # Whether `triton_plan` serves this class's artifact in one of Triton's own backends.
     # Read from the class itself, never inherited (a GPU subclass of a CPU backend is not
     # served by the CPU plan): a subclass that the same plan serves says so on its own.
@@ -125,6 +134,24 @@ class Backend(ABC):
     def available(self) -> str | None:
         """None if this backend can run here, else a one-line reason why not."""
         return None
+
+    def tuning_unavailable(self) -> str | None:
+        """None if this backend can be made here, else why not: what its conversion needs
+        beyond what runs its saved artifact (NNCF, to quantize for OpenVINO). Asked while
+        tuning only; a saved result loads where `available()` says it runs."""
+        return None
+
+    def not_worth_trying(self) -> str | None:
+        """None, or why this candidate cannot pay on this machine and is `skipped` (bf16
+        where the CPU has no bf16 units: emulated, slower than float32). Cheap: asked before
+        any conversion."""
+        return None
+
+    def variant(self, method: str | None = None, keep: tuple[str, ...] | None = None) -> Backend:
+        """A reduced-precision candidate quantized another way: with another calibration
+        method (one of `calibration_methods`), or with the layers (name scopes) `keep` left
+        in float32 (pipeline/precision.py). Only where `calibration_methods` or `keeps_layers`."""
+        raise NotImplementedError(f"the {self.name} candidate has no variants")
 
     def convert(self, target: Target) -> None:
         """Build what prepare() needs from TensorFlow (exports, conversions), without loading it

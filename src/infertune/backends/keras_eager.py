@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from ..inputs import InputSignature, to_numpy
-from ..models import load_model, tensor_specs
+from ..models import inference_call, load_model, tensor_specs
 from ..outputs import OutputSignature
 from ..structure import flatten
 from .base import Backend, Target
@@ -106,7 +106,8 @@ class KerasEager(Backend):
             else:
                 import keras
             # safe_mode (the default): a Lambda layer's Python code is refused, not run.
-            backend._call = keras.models.load_model(directory / settings["file"], compile=False)
+            model = keras.models.load_model(directory / settings["file"], compile=False)
+            backend._call = inference_call(model)  # as tuned: model(x, training=False)
         else:
             loaded = load_flat_savedmodel(directory / settings["dir"])
             backend._loaded = loaded

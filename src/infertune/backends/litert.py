@@ -19,13 +19,9 @@ match fails prepare() instead of guessing an order.
 from __future__ import annotations
 
 import importlib.util
-import json
 import re
-import shutil
-import tempfile
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -33,21 +29,12 @@ from typing import Any
 import numpy as np
 
 from ..environment import install_hint, usable_cores
-from ..errors import one_line
-from ..export.rewrites import rewriting_for_tflite
-from ..models import tensor_specs
-from ..paths import link_or_copy, remove_with
+from ..export.registry import shared
+from ..export.tflite import Converted, convert_int8, converter_error, tensor_name
 from ..quiet import stderr_without
 from .base import Backend, Target
-from .litert_child import convert_in_child, convert_saved_model
 
-__all__ = [
-    "LiteRT",
-    "build_conversion",
-    "litert_variants",
-    "read_conversion",
-    "write_conversion",
-]
+__all__ = ["LiteRT", "LiteRTDynamicInt8", "LiteRTInt8", "litert_variants"]
 
 _INSTALL = install_hint("litert")
 
@@ -76,7 +63,7 @@ class LiteRT(Backend):
     and the tests' dense and convolutional models both conversions were made and compared:
     the same operators each time (tests/test_litert.py checks it where this decides).
 
-    Nor is it made for a model past FIXED_CONVERSION_MAX_BYTES (32 MB): the free conversion
+    Nor is it made for a model past sizes.FIXED_TFLITE_MAX_BYTES (32 MB): the free conversion
     serves the sample's shapes, and a second one would double the conversion's time and
     memory for a saving that matters only on calls of microseconds.
 
@@ -115,7 +102,7 @@ class LiteRT(Backend):
         self.exact_shapes, self.exact_reason = None, ""
         free_dimensions = any(None in spec.shape for spec in target.signature.specs)
         try:
-            self._converted: Converted | None = target.shared("tflite", lambda: _convert(target))
+            self._converted: Converted | None = shared(target, "tflite")
         except Exception as exc:
             if not free_dimensions:
                 raise
@@ -124,9 +111,8 @@ class LiteRT(Backend):
         _note_rewrites(target, self._converted)
         if not free_dimensions:
             return  # the model fixes every dimension: the first conversion is the fixed one
-        free = self._converted
-        try:
-            self._fixed = target.shared("tflite-fixed", lambda: _convert_fixed(target, free))
+        try:  # None where it would fold nothing (export/tflite.py)
+            self._fixed = shared(target, "tflite-fixed")
         except Exception:  # the free-batch model runs the sample's shape too
             self._fixed = None
 
@@ -134,17 +120,17 @@ class LiteRT(Backend):
         """The conversion with free dimensions failed: the one at the sample's exact shapes
         alone, or both failures if it fails too."""
         try:
-            self._fixed = target.shared("tflite-fixed", lambda: _convert(target, fixed=True))
+            self._fixed = shared(target, "tflite-fixed")  # the only one that converts
         except Exception as exc:
             raise RuntimeError(
-                f"{_converter_error(free_error)} (with free dimensions; at the sample's exact "
-                f"shapes: {_converter_error(exc)})"
+                f"{converter_error(free_error)} (with free dimensions; at the sample's exact "
+                f"shapes: {converter_error(exc)})"
             ) from free_error
         self._converted = None
         _note_rewrites(target, self._fixed)
         self.exact_shapes = target.signature.concrete_shapes()
         self.exact_reason = (
-            f"its conversion with free dimensions failed: {_converter_error(free_error)}"
+            f"its conversion with free dimensions failed: {converter_error(free_error)}"
         )
 
     def prepare(self, target: Target) -> None:
@@ -528,262 +514,80 @@ class _Session:
 _NATIVE_CALLS = ("SetTensor", "Invoke", "GetTensor", "ResizeInputTensor", "AllocateTensors")
 
 
-@dataclass(frozen=True)
-class Converted:
-    """A TFLite flatbuffer and the names of its outputs in the flat function's order."""
+class LiteRTInt8(LiteRT):
+    """LiteRT on the model converted to full int8 (export/tflite.py `convert_int8`: weights
+    and activations int8, activation ranges calibrated on the user's calibration inputs,
+    float32 inputs and outputs quantized and dequantized inside the model), one conversion
+    with the sample's free dimensions. `keep`: layers left in float32 (the converter's deny
+    list), a `variant` the pipeline makes where the gate rejects the default."""
 
-    content: bytes  # b"" where `path` holds it
-    output_names: tuple[str, ...]
-    rewrites: tuple[str, ...] = ()  # notes of the exact rewrites made (rewrites.py)
-    # A large model's flatbuffer in a temporary file of its own, removed with this object:
-    # each interpreter maps it (XNNPACK packs the weights from it), and no copy of it stays
-    # in this process's memory while no LiteRT candidate runs (a 2.42 GB MLP's bytes, held
-    # from the conversion to the end, were 1x of its weights in every later peak).
-    path: Path | None = None
-    _cleanup: Any = field(default=None, repr=False, compare=False)
+    name = "litert-int8"
+    conversions = ("tflite-int8",)
+    precision = "int8"
+    needs_calibration = True
+    keeps_layers = True
+    memory_factor = 1.0  # int8 weights: a quarter, and XNNPACK's packed copy
+    rehearse_in_child = True
+    conversion = "tflite-int8"  # the registry's key of its conversion
 
-    @property
-    def size(self) -> int:
-        return self.path.stat().st_size if self.path is not None else len(self.content)
+    def __init__(self, threads: int | None = None, keep: tuple[str, ...] = ()):
+        super().__init__(threads)
+        self.keep = tuple(keep)
+        self._own: Converted | None = None
+        self.precision_note = "full int8 (calibrated activations, float32 inputs and outputs)"
+        if self.keep:
+            self.precision_note += f"; kept in float32: {', '.join(self.keep)}"
 
-    def interpreter(self, **options: Any) -> Any:
-        """An Interpreter on the flatbuffer (from the file where there is one)."""
-        from ai_edge_litert.interpreter import Interpreter
+    def variant(self, method: str | None = None, keep: tuple[str, ...] | None = None) -> Backend:
+        return type(self)(self.threads, keep or ())
 
-        if self.path is not None:
-            return Interpreter(model_path=str(self.path), **options)
-        return Interpreter(model_content=self.content, **options)
-
-    def write(self, destination: Path) -> None:
-        """The flatbuffer as the file `destination` (a hard link where it can be)."""
-        if self.path is None:
-            destination.write_bytes(self.content)
+    def convert(self, target: Target) -> None:
+        self._fixed = None
+        self.exact_shapes, self.exact_reason = None, ""
+        if self.keep and target.source is not None:
+            if self._own is None:
+                self._own = convert_int8(target, target.calibration, self.keep)
+            self._converted = self._own
         else:
-            link_or_copy(self.path, destination)
+            self._converted = shared(target, self.conversion)
+        _note_rewrites(target, self._converted)
+
+    def close(self) -> None:
+        super().close()
+        self._own = None
+
+    def save_artifact(self, directory: Path) -> dict:
+        return {**super().save_artifact(directory), "keep": list(self.keep)}
+
+    @classmethod
+    def load_artifact(cls, directory: Path, settings: dict, target: Target) -> Backend:
+        names = tuple(settings["output_names"])
+        converted = Converted((directory / settings["file"]).read_bytes(), names)
+        target.preload(cls.conversion, converted)
+        backend = cls(settings["threads"], tuple(settings.get("keep", ())))
+        backend.prepare(target)
+        return backend
 
 
-def _in_own_file(
-    write: Callable[[Path], None], output_names: Callable[[Converted], tuple[str, ...]]
-) -> Converted:
-    """A Converted whose flatbuffer `write` puts in a temporary file, removed with it; its
-    output names read from it by `output_names`."""
-    directory = Path(tempfile.mkdtemp(prefix="infertune-tflite-"))
-    path = directory / "model.tflite"
-    try:
-        write(path)
-        converted = Converted(b"", output_names(Converted(b"", (), path=path)), path=path)
-    except BaseException:
-        shutil.rmtree(directory, ignore_errors=True)
-        raise
-    object.__setattr__(converted, "_cleanup", remove_with(converted, directory))
-    return converted
+class LiteRTDynamicInt8(LiteRTInt8):
+    """LiteRT on the model converted with dynamic-range int8: int8 weights, float32
+    activations (the kernels quantize them per call); no calibration needed."""
 
+    name = "litert-dynamic-int8"
+    conversions = ("tflite-dynamic-int8",)
+    needs_calibration = False
+    keeps_layers = False
+    rehearse_in_child = True
+    conversion = "tflite-dynamic-int8"
 
-def _convert(target: Target, fixed: bool = False) -> Converted:
-    """The model as TFLite (float32, no quantization), shared by every LiteRT variant: with a
-    free batch dimension, or `fixed` at the sample's exact input shapes."""
-    import tensorflow as tf
-
-    if _large(target):
-        return _convert_large(target, fixed)
-    if fixed:
-        specs = tensor_specs(target.signature)
-        shapes = target.signature.concrete_shapes()
-        specs = [tf.TensorSpec(shape, s.dtype, name=s.name) for shape, s in zip(shapes, specs)]
-        function = tf.function(
-            target.source.graph_function(target.signature), input_signature=specs
-        )
-        concrete = function.get_concrete_function()
-    else:
-        function, concrete = target.traced()  # the trace the ONNX export starts from too
-    # The tf.function as trackable_obj selects the converter's concrete-function pipeline
-    # (freeze the variables, convert the graph): tensors keep their graph names (in_0,
-    # Identity_1), and there is no SavedModel round trip through a temporary directory.
-    converter = tf.lite.TFLiteConverter.from_concrete_functions([concrete], function)
-    freeze = partial(_frozen, concrete, converter._freeze_concrete_function)
-    rewritten: list[str] = []  # the ops the converter rejects, rewritten (rewrites.py)
-    converter._freeze_concrete_function = rewriting_for_tflite(freeze, rewritten)
-    converter.optimizations = []  # no quantization: float32 weights and arithmetic
-    # No conversion metadata: adding it reads the whole flatbuffer into Python objects and
-    # writes it again (two more copies of the weights, and their time); nothing reads it.
-    converter.exclude_conversion_metadata = True
-    # Builtin ops only: an op without a builtin kernel fails the conversion here, rather than
-    # needing TensorFlow's kernels (SELECT_TF_OPS) inside the interpreter.
-    converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS]
-    names = tuple(_tensor_name(tensor.name) for tensor in concrete.outputs)
-    return Converted(converter.convert(), names, tuple(rewritten))
-
-
-def _large(target: Target) -> bool:
-    """Whether the model's weights pass external_data_bytes() (the frozen GraphDef the
-    concrete-function path hands the converter would be one protobuf message past 2 GB: it
-    failed with `ConverterError: basic_string::append` on a 2.4 GB MLP) or, for memory,
-    EXTERNAL_DATA_MIN_BYTES (256 MB, as the ONNX export's lean path): on a BERT-base-sized
-    model (0.44 GB) the concrete-function path's high-water mark was 9.8x the weights above
-    what the process held (the frozen GraphDef, its bytes, the MLIR module, the flatbuffer),
-    the SavedModel path's 5.4x, and it took 8.2 s against 9.4 s."""
-    from ..export.onnx import EXTERNAL_DATA_MIN_BYTES
-    from ..settings import external_data_bytes
-
-    limit = min(external_data_bytes(), EXTERNAL_DATA_MIN_BYTES)
-    return target.source is not None and target.weights_bytes() > limit
-
-
-def _convert_large(target: Target, fixed: bool) -> Converted:
-    """TFLite's large-model path: the function saved as a SavedModel (its variables in files
-    of their own, no 2 GB message), converted from there with the weights stored after the
-    flatbuffer (`_experimental_use_buffer_offset`: flatbuffers stop at 2 GB too). The outputs
-    are a dict keyed in order, whose signature names their tensors in the flatbuffer."""
-    import tensorflow as tf
-
-    flat, concrete = target.traced()
-    specs = tensor_specs(target.signature)
-    if fixed:
-        shapes = target.signature.concrete_shapes()
-        specs = [tf.TensorSpec(shape, s.dtype, name=s.name) for shape, s in zip(shapes, specs)]
-
-    def keyed(*args):
-        return {f"out_{i:04d}": tensor for i, tensor in enumerate(flat(*args))}
-
-    function = tf.function(keyed, input_signature=specs)
-    module = tf.Module()
-    module.function = function
-    module.variables_kept = list(concrete.graph.variables)  # tracked: saved with the module
-    directory = tempfile.mkdtemp(prefix="infertune-tflite-")
-    try:
-        tf.saved_model.save(module, directory, signatures=function.get_concrete_function())
-        del module, function
-        in_child = converts_in_child(target.weights_bytes())
-        convert = convert_in_child if in_child else convert_saved_model
-        return _in_own_file(partial(convert, directory), _signature_output_names)
-    finally:
-        shutil.rmtree(directory, ignore_errors=True)
-
-
-# From this many bytes of weights the large conversion runs in a child process of its own
-# (litert_child.py): TensorFlow's allocators keep what the converter used here (oneDNN's
-# pool, 0.9x the weights, for the rest of the process), and the converter's threads each
-# allocate in an arena of their own (4.2-5.0x the weights in a worker thread, 3.4x in a
-# child that has one arena). The child's TensorFlow costs 0.65 GB resident: past 1 GB of
-# weights it holds less than the pool alone would keep here.
-CHILD_CONVERSION_MIN_BYTES = 1 << 30
-
-
-def converts_in_child(weights: int) -> bool:
-    """Whether a model of `weights` bytes is converted in a child process (litert_child.py)."""
-    return weights >= CHILD_CONVERSION_MIN_BYTES
-
-
-def _signature_output_names(converted: Converted) -> tuple[str, ...]:
-    """The output tensors' names of a model converted from a SavedModel, in the order of
-    its signature's output keys (out_0000, out_0001, ...), read by an interpreter without
-    XNNPACK (which would pack a copy of every weight)."""
-    from ai_edge_litert.interpreter import OpResolverType
-
-    interpreter = converted.interpreter(
-        experimental_op_resolver_type=OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES
-    )
-    signature = next(iter(interpreter._get_full_signature_list().values()))
-    names = {detail["index"]: detail["name"] for detail in interpreter.get_output_details()}
-    outputs = signature["outputs"]
-    return tuple(_tensor_name(names[outputs[key]]) for key in sorted(outputs))
-
-
-def _frozen(concrete: Any, converters_own: Callable[[], tuple]) -> tuple[Any, list, list, Any]:
-    """What the converter's own `_freeze_concrete_function` returns, without the
-    ConcreteFunction it rebuilds from the frozen graph (half of ResNet50's conversion: 3.7 s
-    of 7.8): the converter reads only the graph and the input and output tensors' names,
-    shapes and dtypes, which the traced function has too; its fourth value, the rebuilt
-    function, feeds grappler, which the MLIR converter with builtin ops never runs. The
-    flatbuffer comes out byte for byte the same (tests/test_litert.py checks it). Where
-    TensorFlow's private freezing functions moved, `converters_own` freezes: the same
-    result, slower (tests/test_litert.py fails on the pinned versions if that happens).
-    """
-    import tensorflow as tf
-
-    try:
-        from tensorflow.python.framework import convert_to_constants
-        from tensorflow.python.util import object_identity
-
-        data_class = convert_to_constants._FunctionConverterDataInEager
-        replace = convert_to_constants._replace_variables_by_constants
-    except (ImportError, AttributeError):
-        return converters_own()
-    data = data_class(func=concrete, lower_control_flow=False, aggressive_inlining=False)
-    graph_def, converted = replace(converter_data=data)
-    # The captures frozen into constants are no longer inputs (as in the rebuilt function).
-    captures = concrete.graph.internal_captures
-    frozen = object_identity.ObjectIdentitySet(captures[index] for index in converted)
-    inputs = [t for t in concrete.inputs if t not in frozen and t.dtype != tf.resource]
-    return graph_def, inputs, list(concrete.outputs), None
+    def __init__(self, threads: int | None = None, keep: tuple[str, ...] = ()):
+        super().__init__(threads, keep)
+        self.precision_note = "dynamic-range int8 (int8 weights, float32 activations)"
 
 
 def _note_rewrites(target: Target, converted: Converted) -> None:
     """The conversion's exact rewrites, in the report's notes once (every variant shares it)."""
     target.notes.extend(note for note in converted.rewrites if note not in target.notes)
-
-
-def _converter_error(exc: Exception) -> str:
-    """The converter's error in one line: its first MLIR diagnostic ("error: 'tf.X' op ...")
-    without the source location that precedes it (a path into TensorFlow's own files)."""
-    match = re.search(r"error: ([^\n]+)", str(exc))
-    if match is None:
-        return one_line(exc)
-    text = f"{type(exc).__name__}: {match.group(1).strip()}"
-    return text if len(text) <= 240 else text[:237] + "..."
-
-
-# The free-batch conversion ("tflite"), built by a worker process (tf_worker.py): the same
-# function, its result written to files and read back.
-def build_conversion(target: Target) -> Converted:
-    return _convert(target)
-
-
-def write_conversion(converted: Converted, directory: Path) -> None:
-    converted.write(directory / "model.tflite")
-    (directory / "output_names.json").write_text(json.dumps(list(converted.output_names)))
-    (directory / "rewrites.json").write_text(json.dumps(list(converted.rewrites)))
-
-
-def read_conversion(directory: Path) -> Converted:
-    names = tuple(json.loads((directory / "output_names.json").read_text()))
-    rewrites = tuple(json.loads((directory / "rewrites.json").read_text()))
-    return Converted((directory / "model.tflite").read_bytes(), names, rewrites)
-
-
-# The free-dimension model past which no conversion at the sample's shapes is made: the
-# free one already serves the sample's shapes, and a second conversion costs as much as the
-# first (BERT-base-sized, 0.44 GB: 26 s more, and a second copy of the weights while it
-# runs) to fold shape arithmetic whose share of a call shrinks as the model grows (it
-# mattered on the demo's small CNN, whose call is tens of microseconds).
-FIXED_CONVERSION_MAX_BYTES = 32 << 20
-
-
-def _convert_fixed(target: Target, free: Converted) -> Converted | None:
-    """The conversion at the sample's exact shapes, or None where the free-dimension one
-    serves them as well: a model past FIXED_CONVERSION_MAX_BYTES, or one that reads no shape
-    at run time, so that there is nothing to fold (see LiteRT)."""
-    if free.size > FIXED_CONVERSION_MAX_BYTES:
-        return None
-    if not reads_shapes(free, len(target.signature.specs), len(target.output_dtypes)):
-        return None
-    return _convert(target, fixed=True)
-
-
-# Operators that read a tensor's shape at run time (what a fixed conversion folds away), and
-# control flow, whose subgraphs the operator list does not show.
-_SHAPE_READERS = {"SHAPE", "RANK", "BROADCAST_ARGS", "WHILE", "IF", "CALL_ONCE"}
-
-
-def reads_shapes(converted: Converted, inputs: int, outputs: int) -> bool:
-    """Whether the converted model may compute a shape at run time (True where its operators
-    cannot be read)."""
-    interpreters = _Interpreters(converted, 1, inputs, outputs)
-    try:
-        ops = _ops(interpreters)
-    finally:
-        interpreters.close()
-    return ops is None or bool(_SHAPE_READERS & set(ops))
 
 
 def _ops(interpreters: _Interpreters) -> list[str] | None:
@@ -822,13 +626,8 @@ def _input_order(details: list[dict], count: int) -> list[int]:
 
 def _output_order(details: list[dict], names: tuple[str, ...]) -> list[int]:
     """Tensor indices of the outputs named `names` (the traced function's, in its order)."""
-    by_name = {_tensor_name(detail["name"]): detail["index"] for detail in details}
+    by_name = {tensor_name(detail["name"]): detail["index"] for detail in details}
     if sorted(by_name) != sorted(names) or len(details) != len(names):
         got = sorted(d["name"] for d in details)
         raise RuntimeError(f"TFLite outputs {got} are not the function's outputs {list(names)}")
     return [by_name[name] for name in names]
-
-
-def _tensor_name(name: str) -> str:
-    """A graph tensor's name without its output number: Identity_1:0 -> Identity_1."""
-    return re.sub(r":0$", "", name)

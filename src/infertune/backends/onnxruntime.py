@@ -10,7 +10,6 @@ as a reduced-precision candidate. Each is measured like any other.
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from functools import partial
@@ -20,25 +19,24 @@ from typing import Any, ClassVar
 import numpy as np
 
 from ..environment import install_hint, usable_cores
-from ..export.onnx import (
-    DATA_FILE,
-    ONNX_FILE,
-    OnnxExport,
-    export_onnx,
-    owned_export,
-    read_onnx,
-    temporary_directory,
-    write_onnx,
+from ..errors import closed_call
+from ..export.onnx import OnnxExport, read_onnx, write_onnx
+from ..export.onnx_int8 import (
+    CALIBRATION_METHODS,
+    INT8_QUANTIZATION,
+    INT8_SETTINGS_TEXT,
+    static_settings_text,
 )
+from ..export.registry import export_onnx, int8_dot, shared, static_int8
 from ..inputs import InputSignature
 from ..outputs import OutputSignature
 from .base import Backend, NotApplicable, Target
 from .triton_plan import TritonPlan, copy_onnx, model_names, onnx_tensors
 
 __all__ = [
-    "INT8_QUANTIZATION",
     "OnnxRuntimeCpu",
     "OnnxRuntimeCpuInt8",
+    "OnnxRuntimeCpuInt8Static",
     "OrtSettings",
     "onnxruntime_cpu_variants",
 ]
@@ -153,7 +151,7 @@ class OnnxRuntimeCpu(Backend):
         self.convert(target)
         model, exported = self._saved
         self._session = self._new_session(model.session_model(), [self.provider])
-        self._run_session = session_runner(self._session)
+        self._run_session, self._release_session = session_runner(self._session)
         self._input_names = exported.input_names
         self._output_names = exported.output_names
 
@@ -233,8 +231,15 @@ class OnnxRuntimeCpu(Backend):
         return run
 
     def close(self) -> None:
+        """Release the session: the runners handed out (single_runner, dict_runner, run)
+        call the session through `_run_session`, whose hold on it is cut here, so none keeps
+        it alive and each raises ClosedError from now on (a call already in the session ends
+        first: the session is freed when it returns)."""
+        release = getattr(self, "_release_session", None)
+        if release is not None:
+            release(closed_call(f"the {self.name} backend was closed: its session is released"))
+        self._release_session = None
         self._session = None
-        self._run_session = None
         self._saved = None
 
     def save_artifact(self, directory: Path) -> dict:
@@ -261,38 +266,33 @@ class OnnxRuntimeCpu(Backend):
         target.preload("onnx", exported)
 
 
-def session_runner(session) -> Callable[[list[str], dict], list[np.ndarray]]:
-    """run(output names, feed) of a session, without the checks `InferenceSession.run` makes
-    in Python before it calls the native session (`session._sess.run`): that every graph
-    input is in the feed (infertune's feed always holds them all, in its names), that no
-    input is an OrtValue of another session (it passes numpy arrays), the WebGPU graph
-    capture's rule, and a retry on another provider (a fallback infertune refuses anyway).
-    On a recommender with four inputs they cost 1.1 us of a 14 us call (0.6 us the missing
-    input check alone). Where the native session is not there (another ONNX Runtime
-    version), the public run."""
+def session_runner(
+    session,
+) -> tuple[Callable[[list[str], dict], list[np.ndarray]], Callable[[Callable], None]]:
+    """run(output names, feed) of a session, and release(replacement), which makes `run`
+    call `replacement` instead and drop its hold on the session (close(): every runner
+    built on `run` then lets the session go).
+
+    `run` skips the checks `InferenceSession.run` makes in Python before it calls the native
+    session (`session._sess.run`): that every graph input is in the feed (infertune's feed
+    always holds them all, in its names), that no input is an OrtValue of another session
+    (it passes numpy arrays), the WebGPU graph capture's rule, and a retry on another
+    provider (a fallback infertune refuses anyway). On a recommender with four inputs they
+    cost 1.1 us of a 14 us call (0.6 us the missing input check alone). Where the native
+    session is not there (another ONNX Runtime version), it calls the public run."""
     native = getattr(session, "_sess", None)
     run = getattr(native, "run", None)
     if not callable(run):
-        return session.run
+        run = session.run  # (output_names, input_feed, run_options) too
 
     def run_native(output_names: list[str], feed: dict) -> list[np.ndarray]:
         return run(output_names, feed, None)
 
-    return run_native
+    def release(replacement: Callable) -> None:
+        nonlocal run
+        run = replacement
 
-
-# The int8 candidate's settings, as onnxruntime.quantization.quantize_dynamic takes them:
-# weights int8 per output channel in 7 bits (reduce_range), activations uint8 quantized per
-# call. On an x86 CPU without VNNI (AVX2) ONNX Runtime multiplies uint8 activations by int8
-# weights with vpmaddubsw, which adds pairs of products in int16 and saturates: with full
-# 8-bit weights a 32-8-16 MLP came out 26% off on such a CPU (ONNX Runtime 1.31.1 and 1.32.0
-# alike; 1% where the sums are exact). 7-bit weights, in [-64, 64], cannot overflow (2 x 255
-# x 64 < 32767), so the quantized model, which opt.save() writes, is as exact on every CPU.
-INT8_QUANTIZATION = {"weight_type": "QInt8", "per_channel": True, "reduce_range": True}
-INT8_SETTINGS_TEXT = (
-    "dynamic int8: weights QInt8 per channel in 7 bits (reduce_range), activations uint8 "
-    "quantized per call"
-)
+    return run_native, release
 
 
 def _triton_plan(
@@ -343,7 +343,19 @@ class OnnxRuntimeCpuInt8(OnnxRuntimeCpu):
     precision_note: ClassVar[str] = INT8_SETTINGS_TEXT
 
     def model_export(self, target: Target) -> OnnxExport:
-        return target.shared("onnx-int8", lambda: _quantize_dynamic(export_onnx(target)))
+        return shared(target, "onnx-int8")
+
+    def convert(self, target: Target) -> None:
+        if target.source is not None:  # tuning (a saved result loads as it was chosen)
+            convolutions = _count_ops(export_onnx(target), ("Conv", "ConvTranspose"))
+            if convolutions:
+                raise NotApplicable(
+                    f"the model has {convolutions} convolution(s), which dynamic quantization "
+                    f"runs as ConvInteger, 4-11x slower than float32 (ResNet50, MobileNetV2); "
+                    f"static int8 (onnxruntime-cpu-int8-static, with calibration=...) "
+                    f"quantizes them"
+                )
+        super().convert(target)
 
     def save_artifact(self, directory: Path) -> dict:
         """As the fp32 session, plus the quantization settings the saved model was made with."""
@@ -356,39 +368,80 @@ class OnnxRuntimeCpuInt8(OnnxRuntimeCpu):
         target.preload("onnx-int8", exported)
 
 
-def _quantize_dynamic(exported: OnnxExport) -> OnnxExport:
-    """The export with its MatMul/Gemm/Conv weights quantized (INT8_QUANTIZATION); where
-    its weights are external data, so are the quantized model's."""
-    import dataclasses
-    import tempfile
+class OnnxRuntimeCpuInt8Static(OnnxRuntimeCpu):
+    """Static int8 (QDQ): weights int8 per channel, activations uint8 with ranges calibrated
+    on the user's calibration inputs (export/onnx_int8.py). `method` is the calibration
+    method, `keep` the layers (name scopes) left in float32: the pipeline tries other
+    methods, then keeps the layers that lose most in float32 (pipeline/precision.py), each
+    such setting a `variant` of its own quantization."""
 
+    name = "onnxruntime-cpu-int8-static"
+    conversions = ("onnx", "onnx-int8-static")
+    precision = "int8"
+    needs_calibration = True
+    memory_factor = 0.5  # int8 weights, and their packed form
+    relative_cost = 1.0  # a session of the quantized graph compiled twice, and the gate
+    rehearse_in_child = True  # the saved model.onnx is the quantized one
+    triton_serves = True
+    calibration_methods: ClassVar[tuple[str, ...]] = tuple(CALIBRATION_METHODS)
+    keeps_layers = True
+
+    def __init__(self, method: str = "minmax", keep: tuple[str, ...] = ()):
+        super().__init__()
+        if method not in CALIBRATION_METHODS:
+            raise ValueError(f"method must be one of {tuple(CALIBRATION_METHODS)}: {method!r}")
+        self.method, self.keep = method, tuple(keep)
+        self.reduce_range = not int8_dot()
+        self.precision_note = static_settings_text(method, self.keep, self.reduce_range)
+        self._own: OnnxExport | None = None
+
+    def variant(self, method: str | None = None, keep: tuple[str, ...] | None = None) -> Backend:
+        """The same candidate quantized with another calibration method or kept layers."""
+        return type(self)(method or self.method, self.keep if keep is None else keep)
+
+    def model_export(self, target: Target) -> OnnxExport:
+        default = self.method == "minmax" and not self.keep
+        if default or target.source is None:  # the shared one, or the saved one (loaded)
+            return shared(target, "onnx-int8-static")
+        if self._own is None:
+            self._own = static_int8(target, self.method, self.keep)
+        return self._own
+
+    def close(self) -> None:
+        super().close()
+        self._own = None
+
+    def save_artifact(self, directory: Path) -> dict:
+        """As the fp32 session (the quantized model.onnx), plus how it was quantized."""
+        quantization = {"method": self.method, "keep": list(self.keep)}
+        quantization["reduce_range"] = self.reduce_range
+        return {**super().save_artifact(directory), "quantization": quantization}
+
+    @classmethod
+    def load_artifact(cls, directory: Path, settings: dict, target: Target) -> Backend:
+        quantization = settings["quantization"]
+        backend = cls(quantization["method"], tuple(quantization["keep"]))
+        backend.settings = OrtSettings(**settings["session"])
+        backend.reduce_range = quantization["reduce_range"]
+        backend.precision_note = static_settings_text(
+            backend.method, backend.keep, backend.reduce_range
+        )
+        cls._preload(target, read_onnx(directory, settings))
+        backend.prepare(target)
+        return backend
+
+    @classmethod
+    def _preload(cls, target: Target, exported: OnnxExport) -> None:
+        target.preload("onnx", exported)
+        target.preload("onnx-int8-static", exported)
+
+
+def _count_ops(exported: OnnxExport, types: tuple[str, ...]) -> int:
+    """How many nodes of the export's graph are of these op types."""
     import onnx
-    from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    settings = {**INT8_QUANTIZATION, "weight_type": QuantType[INT8_QUANTIZATION["weight_type"]]}
-    if exported.directory is not None:  # writes model.onnx.data beside model.onnx
-        directory = temporary_directory()
-        try:
-            # onnx's checker, which the quantizer runs, refuses a data file with several
-            # hard links (as the export's is while a rehearsal or a saved result shares it):
-            # the quantizer reads a copy of its own.
-            source = directory / "source"
-            source.mkdir()
-            (source / ONNX_FILE).write_bytes(exported.model_bytes)
-            shutil.copyfile(exported.directory / DATA_FILE, source / DATA_FILE)
-            out = directory / ONNX_FILE
-            quantize_dynamic(source / ONNX_FILE, out, use_external_data_format=True, **settings)
-            shutil.rmtree(source)
-            if not (directory / DATA_FILE).is_file():
-                raise RuntimeError(f"the quantizer wrote no {DATA_FILE} beside {ONNX_FILE}")
-        except BaseException:
-            shutil.rmtree(directory, ignore_errors=True)
-            raise
-        return owned_export(directory, exported)
-    with tempfile.TemporaryDirectory(prefix="infertune-int8-") as tmp:
-        out = Path(tmp) / "int8.onnx"
-        quantize_dynamic(onnx.load_from_string(exported.model_bytes), out, **settings)
-        return dataclasses.replace(exported, model_bytes=out.read_bytes(), _cleanup=None)
+    graph = onnx.load_from_string(exported.model_bytes).graph
+    return sum(node.op_type in types for node in graph.node)
 
 
 def onnxruntime_cpu_variants() -> dict[str, Callable[[], Backend]]:
@@ -401,8 +454,4 @@ def onnxruntime_cpu_variants() -> dict[str, Callable[[], Backend]]:
     settings.append(OrtSettings(execution_mode="parallel"))
     settings.append(OrtSettings(graph_optimization="basic"))
     settings.append(OrtSettings(allow_spinning=False))
-    variants: dict[str, Callable[[], Backend]] = {
-        OnnxRuntimeCpu.name + s.suffix(): partial(OnnxRuntimeCpu, s) for s in settings
-    }
-    variants[OnnxRuntimeCpuInt8.name] = OnnxRuntimeCpuInt8
-    return variants
+    return {OnnxRuntimeCpu.name + s.suffix(): partial(OnnxRuntimeCpu, s) for s in settings}

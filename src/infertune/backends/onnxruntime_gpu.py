@@ -39,13 +39,13 @@ from pathlib import Path
 
 import numpy as np
 
+from ..errors import ClosedError
 from ..export.onnx import read_onnx
 from ..gpu import (
     CUDA_EP,
     TENSORRT_EP,
     IoBindingPlan,
     default_batch_sizes,
-    engine_cache_dir,
     engine_cache_key,
     gpu_facts,
     import_error,
@@ -60,6 +60,7 @@ from ..gpu_libraries import (
     preload_cuda,
     preload_tensorrt,
 )
+from ..settings import engine_cache_dir
 from .base import Backend, Target
 from .onnxruntime import OnnxRuntimeCpu, OrtSettings
 
@@ -157,7 +158,7 @@ class OnnxRuntimeCuda(OnnxRuntimeCpu):
             return graph.run(inputs)
         binding = getattr(self._local, "binding", None)
         if binding is None:  # one binding per thread: concurrent calls must not share one
-            binding = self._local.binding = self._session.io_binding()
+            binding = self._local.binding = self._new_binding()
         for name, x in zip(self._input_names, inputs):
             binding.bind_cpu_input(name, np.ascontiguousarray(x))  # copied to the device
         for name in self._output_names:
@@ -165,7 +166,17 @@ class OnnxRuntimeCuda(OnnxRuntimeCpu):
         self._session.run_with_iobinding(binding)
         return binding.copy_outputs_to_cpu()  # device -> host: the synchronization point
 
+    def _new_binding(self):
+        """An IOBinding of the session, for a thread's first call (close() forgets them all:
+        a call after it comes here, and is refused)."""
+        session = self._session
+        if session is None:
+            raise ClosedError(f"the {self.name} backend was closed: its session is released")
+        return session.io_binding()
+
     def close(self) -> None:
+        """Release both sessions: the plain one (super), the CUDA graph's, and every
+        thread's binding, which holds the plain one."""
         super().close()
         self._graph = None
         self._local = threading.local()

@@ -15,15 +15,23 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from ..environment import install_hint
-from ..errors import one_line
-from ..export.onnx import export_onnx, read_onnx, write_onnx
+from ..environment import BF16_FLAGS, install_hint, precision_instructions
+from ..errors import ClosedError
+from ..export.onnx import read_onnx, write_onnx
+from ..export.openvino_int8 import (
+    IR_FILE,
+    OpenVinoInt8,
+    nncf_missing,
+    quantize_for_openvino,
+    read_ir,
+)
+from ..export.registry import export_onnx, shared
 from ..inputs import InputSignature
 from ..outputs import OutputSignature
 from .base import Backend, Target
 from .triton_plan import TritonPlan, copy_onnx, model_names, onnx_tensors
 
-__all__ = ["OpenVinoCpu", "OpenVinoCpuBf16"]
+__all__ = ["OpenVinoCpu", "OpenVinoCpuBf16", "OpenVinoCpuInt8"]
 
 _INSTALL = install_hint("openvino")
 _HINTS = ("LATENCY", "THROUGHPUT")
@@ -78,16 +86,21 @@ class OpenVinoCpu(Backend):
         self._exported = export_onnx(target)  # what save_artifact writes
         self.hint = self._hint(target)  # the PERFORMANCE_HINT compiled with
 
+    def _model(self) -> tuple[Any, list[str], list[str]]:
+        """The openvino.Model to compile (after convert()), its input and output names."""
+        exported = self._exported
+        # The ONNX frontend reads the serialized ModelProto from memory: no temporary file;
+        # past 2 GB, model.onnx from its path, which maps model.onnx.data beside it.
+        model = _core().read_model(exported.session_model())
+        return model, exported.input_names, exported.output_names
+
     def prepare(self, target: Target) -> None:
         import openvino
         import openvino.properties.hint as hints
 
         self.convert(target)
-        exported = self._exported
         core = _core()
-        # The ONNX frontend reads the serialized ModelProto from memory: no temporary file;
-        # past 2 GB, model.onnx from its path, which maps model.onnx.data beside it.
-        model = core.read_model(exported.session_model())
+        model, input_names, output_names = self._model()
         wanted = getattr(openvino.Type, self.inference_precision)
         compiled = core.compile_model(
             model,
@@ -102,8 +115,8 @@ class OpenVinoCpu(Backend):
             raise RuntimeError(f"OpenVINO compiled for {used} instead of {wanted}")
 
         # Ports by name, in the export's order, not by position in OpenVINO's model.
-        self._inputs = [compiled.input(name) for name in exported.input_names]
-        self._outputs = [compiled.output(name) for name in exported.output_names]
+        self._inputs = [compiled.input(name) for name in input_names]
+        self._outputs = [compiled.output(name) for name in output_names]
         for port, spec in zip(self._inputs, target.signature.specs):
             got = port.get_element_type().to_dtype()
             if got != spec.dtype:
@@ -132,7 +145,9 @@ class OpenVinoCpu(Backend):
         except IndexError:  # every request is busy in another thread
             request = self._compiled.create_infer_request()
         except AttributeError:  # close() set it to None
-            raise RuntimeError("this OpenVINO backend is closed") from None
+            raise ClosedError(
+                f"the {self.name} backend was closed: its compiled model is released"
+            ) from None
         try:
             for port, array in zip(self._inputs, inputs):
                 if not array.flags.c_contiguous:  # shared memory needs C order
@@ -153,6 +168,8 @@ class OpenVinoCpu(Backend):
             del idle[1:]
 
     def close(self) -> None:
+        """Release the compiled model: its infer requests, its ports and the model itself
+        (no runner holds them: each call reads them here, and a call after this is refused)."""
         self._idle = None
         self._compiled = None
         self._inputs = self._outputs = []  # ports keep their compiled model alive
@@ -211,17 +228,96 @@ class OpenVinoCpuBf16(OpenVinoCpu):
     rehearse_in_child = True
     triton_serves = True
 
-    def available(self) -> str | None:
-        reason = super().available()
-        if reason is not None:
-            return reason
-        try:
-            capabilities = _core().get_property("CPU", "OPTIMIZATION_CAPABILITIES")
-        except (ImportError, RuntimeError) as exc:
-            return f"OpenVINO cannot query the CPU ({one_line(exc)})"
-        if "BF16" not in capabilities:
-            return (
-                f"this CPU has no bf16 support (OpenVINO's CPU capabilities: "
-                f"{', '.join(capabilities)})"
-            )
+    def not_worth_trying(self) -> str | None:
+        missing = _no_bf16_units()
+        if missing:
+            return missing
         return None
+
+
+def _no_bf16_units() -> str | None:
+    """Why bf16 cannot pay here: a CPU without bf16 arithmetic (avx512_bf16, AMX), where
+    OpenVINO would emulate it, slower than float32; None where it has it."""
+    if any(flag in precision_instructions() for flag in BF16_FLAGS):
+        return None
+    return (
+        f"this CPU has no bf16 units ({' or '.join(BF16_FLAGS)}): bf16 would be emulated, "
+        f"slower than float32"
+    )
+
+
+class OpenVinoCpuInt8(OpenVinoCpu):
+    """The ONNX export quantized to int8 by NNCF (export/openvino_int8.py), compiled with f32
+    inference precision (the ops NNCF leaves in float run in float32, never bf16). Saved as
+    OpenVINO's IR, which loads without NNCF. `keep`: layers left in float32 (NNCF's ignored
+    scope), a `variant` the pipeline makes where the gate rejects the default."""
+
+    name = "openvino-cpu-int8"
+    conversions = ("onnx", "openvino-int8")
+    precision = "int8"
+    needs_calibration = True
+    keeps_layers = True
+    memory_factor = 1.0  # its int8 weights compiled, the IR's f32 copy dropped
+    rehearse_in_child = True
+    triton_serves = False
+    triton_unsupported = (
+        "infertune exports an int8 OpenVINO result as IR (model.xml), which its Triton plan "
+        'does not describe yet: export it for Triton\'s Python backend (backend="python"), '
+        "which runs it with infertune"
+    )
+
+    def __init__(
+        self, performance_hint: str | None = None, callers_only: bool = False,
+        keep: tuple[str, ...] = (),
+    ):  # fmt: skip
+        super().__init__(performance_hint, callers_only)
+        self.keep = tuple(keep)
+        self._quantized: OpenVinoInt8 | None = None
+
+    def tuning_unavailable(self) -> str | None:
+        return nncf_missing()
+
+    def variant(self, method: str | None = None, keep: tuple[str, ...] | None = None) -> Backend:
+        return type(self)(self.performance_hint, self.callers_only, keep or ())
+
+    def convert(self, target: Target) -> None:
+        self.hint = self._hint(target)
+        if self._quantized is not None:
+            return
+        if not self.keep or target.source is None:  # the shared one, or the saved one
+            self._quantized = shared(target, "openvino-int8")
+        else:
+            exported = export_onnx(target)
+            feeds = target.calibration_feeds(exported.input_names)
+            self._quantized = quantize_for_openvino(exported, feeds, self.keep)
+        self.precision_note = self._quantized.settings
+
+    def _model(self) -> tuple[Any, list[str], list[str]]:
+        quantized = self._quantized
+        return quantized.model, quantized.input_names, quantized.output_names
+
+    def close(self) -> None:
+        super().close()
+        self._quantized = None
+
+    def save_artifact(self, directory: Path) -> dict:
+        """OpenVINO's IR of the quantized model (model.xml, model.bin) and the settings."""
+        quantized = self._quantized
+        quantized.write(directory)
+        return {
+            "file": IR_FILE,
+            "input_names": quantized.input_names,
+            "output_names": quantized.output_names,
+            "quantization": quantized.settings,
+            "keep": list(self.keep),
+            "performance_hint": self.performance_hint,
+            "hint": self.hint,
+            "inference_precision": self.inference_precision,
+        }
+
+    @classmethod
+    def load_artifact(cls, directory: Path, settings: dict, target: Target) -> Backend:
+        backend = cls(settings["performance_hint"], keep=tuple(settings.get("keep", ())))
+        target.preload("openvino-int8", read_ir(directory, settings))
+        backend.prepare(target)
+        return backend

@@ -2,14 +2,14 @@
 
 One optimization profile covers the batch sizes in use (gpu.profile_shapes: min batch 1, opt
 the sample's, max the larger of the sample's and gpu.PROFILE_MAX_BATCH). The serialized
-engine is kept on disk under gpu.engine_cache_dir(), named by gpu.engine_cache_key (model,
+engine is kept on disk under settings.engine_cache_dir(), named by gpu.engine_cache_key (model,
 precision, profile, TensorRT version, GPU), and reused by the next optimize() or load() of
 the same model on the same GPU.
 
 TensorRT 10 and 11 build differently (`build_settings`, a plain function of the major
 version and precision): TensorRT 11 has only strongly typed networks (no BuilderFlag.FP16,
 BF16, INT8, nor EXPLICIT_BATCH), so `tensorrt-fp16` builds there from a float16 ONNX graph
-(`float16_onnx`: weights and arithmetic in float16, inputs and outputs kept float32), and on
+(export/onnx_fp16.py: weights and arithmetic in float16, inputs and outputs kept float32), and on
 TensorRT 10 from the float32 graph with the FP16 builder flag. Either way it is a
 reduced-precision candidate, verified like any other. fp32 means fp32 on both: TF32
 (TensorRT's default for float32 matrix products on Ampere and later) is cleared.
@@ -39,19 +39,21 @@ from pathlib import Path
 
 import numpy as np
 
-from ..export.onnx import export_onnx, read_onnx, write_onnx
+from ..errors import ClosedError
+from ..export.onnx import read_onnx, write_onnx
+from ..export.registry import export_onnx, shared
 from ..gpu import (
     TENSORRT_EXTRA,
     Profile,
     cuda_runtime_module,
     default_batch_sizes,
-    engine_cache_dir,
     engine_cache_key,
     gpu_facts,
     profile_shapes,
     reason_unavailable,
     tensorrt_major,
 )
+from ..settings import engine_cache_dir
 from .base import Backend, Target
 
 __all__ = [
@@ -59,7 +61,6 @@ __all__ = [
     "TensorRtEngine",
     "TensorRtEngineFp16",
     "build_settings",
-    "float16_onnx",
 ]
 
 
@@ -91,19 +92,6 @@ def build_settings(major: int, precision: str) -> BuildSettings:
         flags = ("FP16",) if precision == "fp16" else ()
         return BuildSettings("fp32", (), flags, ("TF32",))
     return BuildSettings(precision, (), (), ("TF32",))
-
-
-def float16_onnx(model_bytes: bytes) -> bytes:
-    """The ONNX model with float32 weights and arithmetic in float16, its inputs and outputs
-    still float32 (Casts at the edges), by onnxruntime.transformers.float16 (shipped with
-    onnxruntime and onnxruntime-gpu): what a strongly typed TensorRT builds fp16 from.
-    Operators ONNX Runtime's converter keeps in float32 (its default block list) stay so."""
-    import onnx
-    from onnxruntime.transformers.float16 import convert_float_to_float16
-
-    model = onnx.load_from_string(model_bytes)
-    converted = convert_float_to_float16(model, keep_io_types=True)
-    return converted.SerializeToString()
 
 
 def _cudart():
@@ -168,7 +156,7 @@ class TensorRtEngine(Backend):
         self.build = build_settings(tensorrt_major(trt.__version__), self.precision)
         model_bytes = exported.model_bytes
         if self.build.graph == "fp16":
-            model_bytes = target.shared("onnx-fp16", lambda: float16_onnx(exported.model_bytes))
+            model_bytes = shared(target, "onnx-fp16")
         self._profile = profile_shapes(
             target.signature, default_batch_sizes(target.signature), exported.input_names
         )
@@ -242,6 +230,8 @@ class TensorRtEngine(Backend):
         to_device = cudart.cudaMemcpyKind.cudaMemcpyHostToDevice
         to_host = cudart.cudaMemcpyKind.cudaMemcpyDeviceToHost
         with self._lock:
+            if self._context is None:  # close() freed the buffers: nothing here may touch them
+                raise ClosedError(f"the {self.name} backend was closed: its engine is released")
             hosts = [np.ascontiguousarray(x, dtype=d) for (_, d), x in zip(self._inputs, inputs)]
             self._set_input_shapes([x.shape for x in hosts])  # hosts stay alive until the sync
             for (name, _), x in zip(self._inputs, hosts):
@@ -265,14 +255,18 @@ class TensorRtEngine(Backend):
             return [host for _, host in outputs]
 
     def close(self) -> None:
-        cudart = getattr(self, "_cudart", None)
-        if cudart is not None:
-            for pointer, _ in self._buffers.values():
-                cudart.cudaFree(pointer)
-            if self._stream is not None:
-                cudart.cudaStreamDestroy(self._stream)
-        self._buffers, self._stream = {}, None
-        self._context = self._engine = self._runtime = None
+        """Free the device buffers, the stream and the engine, under the call lock: a call in
+        flight ends first, and a call after this is refused (run() checks `_context`)."""
+        # No lock where prepare() failed before making one: then no call runs either.
+        with getattr(self, "_lock", None) or threading.Lock():
+            cudart = getattr(self, "_cudart", None)
+            if cudart is not None:
+                for pointer, _ in self._buffers.values():
+                    cudart.cudaFree(pointer)
+                if self._stream is not None:
+                    cudart.cudaStreamDestroy(self._stream)
+            self._buffers, self._stream = {}, None
+            self._context = self._engine = self._runtime = None
 
     def save_artifact(self, directory: Path) -> dict:
         """model.onnx: the engine itself is specific to the GPU and TensorRT version, so it is

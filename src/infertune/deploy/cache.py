@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import shutil
 import tempfile
@@ -39,6 +40,7 @@ from typing import Any
 import numpy as np
 
 from .._version import __version__
+from ..accuracy import judge_agreement
 from ..backends import BACKENDS
 from ..backends.base import Backend
 from ..environment import collect_environment, fingerprint
@@ -127,11 +129,7 @@ class CacheEntry:
         try:  # every candidate it runs (one per tuned batch size), on the sample
             found = Comparison(True, "")
             for backend in choice.backends:
-                found = found.merged(
-                    compare_outputs(
-                        backend.run(sample), reference, self.options["rtol"], self.options["atol"]
-                    )
-                )
+                found = found.merged(self._reproduces(backend, sample, reference))
         except Exception as exc:  # a cached result that cannot run is a miss
             choice.close()
             return self._miss(f"did not run ({one_line(exc)})", progress)
@@ -144,8 +142,24 @@ class CacheEntry:
             f"checked against the model on the sample (relative error {found.max_rel_err:.1e}); "
             f"tuned {_saved_at(self.path)} in {report.total_s:.1f} s"
         )
-        progress.say(f"tuning cache hit: {choice.serving.name} from {self.path}")
+        progress.say(f"tuning cache hit: {choice.selected.name} from {self.path}")
         return choice, report, saved
+
+    def _reproduces(
+        self, backend: Backend, sample: list[np.ndarray], reference: list[np.ndarray]
+    ) -> Comparison:
+        """A cached candidate's outputs on the sample against the model's: under rtol/atol,
+        or for a reduced-precision one (which the float32 tolerance never judged) by the
+        agreement rule (accuracy.py): its task was judged when it was tuned."""
+        outputs = backend.run(sample)
+        rtol, atol = self.options["rtol"], self.options["atol"]
+        if backend.precision == "fp32":
+            return compare_outputs(outputs, reference, rtol, atol)
+        errors = compare_outputs(outputs, reference, math.inf, math.inf)
+        if not errors:  # a structure, shape or NaN difference
+            return errors
+        agreed = judge_agreement([reference], [outputs])
+        return Comparison(bool(agreed), agreed.reason, errors.max_abs_err, errors.max_rel_err)
 
     def _prepare_again(self, source, signature, structure, reference) -> tuple[Choice, Report]:
         """A decision-only entry: the chosen candidates, prepared again from the model."""
@@ -182,7 +196,7 @@ class CacheEntry:
             else:
                 self._store_decision(choice, report)
                 what = (
-                    f"stored in the tuning cache as a decision ({choice.serving.name} cannot "
+                    f"stored in the tuning cache as a decision ({choice.selected.name} cannot "
                     f"be saved yet: a hit prepares it again)"
                 )
         except (ExportError, OSError) as exc:

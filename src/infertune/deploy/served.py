@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import EnvironmentMismatchError, InputError
+from ..errors import EnvironmentMismatchError, InputError, closed_call
 from ..outputs import TensorSpec
 from ..paths import user_path
 from ..result.calling import flat_runner
@@ -74,7 +74,7 @@ class ServedModel:
     @property
     def backend(self) -> str:
         """The candidate that serves the sample's shapes, e.g. "onnxruntime-cpu"."""
-        return self._choice.serving.name
+        return self._choice.selected.name
 
     def describe_inputs(self) -> str:
         return "; ".join(spec.describe() for spec in self.inputs)
@@ -170,6 +170,11 @@ class ServedModel:
         return results
 
     def close(self) -> None:
+        """Release the runtimes; a call afterwards raises ClosedError. Closing again does
+        nothing."""
+        self._run = closed_call(
+            f"The served model loaded from '{self.path}' was closed: its runtimes are released."
+        )
         self._choice.close()
 
 

@@ -13,7 +13,7 @@ constants taken out of the GraphDef before TensorFlow imports it, and the ONNX w
 written as external data: model.onnx (the graph alone) and model.onnx.data beside it, in a
 temporary directory that lives as long as the export. ONNX Runtime and OpenVINO load the
 pair from its path (both map the data file rather than copy it where they can); a saved
-result carries both files. Models past EXTERNAL_DATA_MIN_BYTES (256 MB) take the same path
+result carries both files. Models past sizes.LEAN_CONVERSION_MIN_BYTES (256 MB) take the same path
 for memory (grappler copies the GraphDef several times; every session maps one data file),
 and grappler's where it fails.
 """
@@ -39,8 +39,9 @@ from ..errors import one_line
 from ..models import tensor_specs
 from ..paths import link_or_copy, remove_with
 from ..resources import release_freed_memory
-from ..settings import external_data_bytes
+from ..sizes import HUGE_CONSTANT_BYTES
 from ..target import Target
+from . import patching
 from .rewrites import held_apart, rewrite_for_onnx
 
 __all__ = [
@@ -48,7 +49,7 @@ __all__ = [
     "ONNX_FILE",
     "OPSET",
     "OnnxExport",
-    "export_onnx",
+    "convert_to_onnx",
     "external_export",
     "owned_export",
     "temporary_directory",
@@ -60,14 +61,6 @@ OPSET = 17
 ONNX_FILE = "model.onnx"  # the saved artifact of every ONNX-based candidate (Triton's name too)
 DATA_FILE = "model.onnx.data"  # its weights, where they are external data (past 2 GB)
 _ALIGN = 1 << 16  # offsets of external tensors: a page multiple, so that runtimes can map them
-# Weights past which the export takes the lean path of models past 2 GB even below them
-# (no grappler; weights as external data: ONNX Runtime then maps model.onnx.data instead of
-# copying the model's bytes into each session). Measured on a BERT-base-sized export (0.52
-# GB): three sessions took 2.2 GB from the bytes (0.52 of them the bytes), 1.1 GB from the
-# path; the export's peak went from 12.5x the weights to 4.1x (2.3-2.6x since: `_to_onnx`).
-# 256 MB keeps the model zoo's convolutional networks (ResNet50: 100 MB) on grappler's path,
-# whose graphs were measured.
-EXTERNAL_DATA_MIN_BYTES = 256 << 20
 
 
 @dataclass(frozen=True)
@@ -98,11 +91,6 @@ class OnnxExport:
         """What ONNX Runtime's InferenceSession and OpenVINO's read_model take: the bytes, or
         the path where the weights are external data (resolved beside it)."""
         return self.model_bytes if self.directory is None else str(self.path)
-
-
-def export_onnx(target: Target) -> OnnxExport:
-    """The model as ONNX, converted on first use and shared through `target`."""
-    return target.shared("onnx", lambda: _convert(target))
 
 
 def write_onnx(directory: Path, model: bytes | OnnxExport, exported: OnnxExport) -> dict:
@@ -216,17 +204,18 @@ def _point_at(tensor: Any, offset: int, length: int) -> None:
         entry.key, entry.value = key, value
 
 
-def _convert(target: Target) -> OnnxExport:
+def convert_to_onnx(target: Target) -> OnnxExport:
+    """The model as ONNX (the registry's "onnx" conversion, export/registry.py)."""
     start = time.perf_counter()
     specs = tensor_specs(target.signature)
     _, concrete = target.traced()
     rewritten: list[str] = []  # notes of the exact rewrites made (rewrites.py)
-    weights = target.weights_bytes()
-    large = weights > external_data_bytes()
-    # Past 256 MB, the lean path of models past 2 GB (no grappler, which copied a
-    # BERT-base-sized GraphDef into 5.5 GB more; constants to the data file before the
-    # ModelProto is made); below 2 GB, where it fails, grappler's path as before.
-    lean = large or weights > EXTERNAL_DATA_MIN_BYTES
+    size = target.size()
+    large = size.past_protobuf
+    # Past sizes.LEAN_CONVERSION_MIN_BYTES, the lean path of models past 2 GB (no grappler,
+    # which copied a BERT-base-sized GraphDef into 5.5 GB more; constants to the data file
+    # before the ModelProto is made); below 2 GB, where it fails, grappler's path as before.
+    lean = size.lean
     directory = temporary_directory() if lean else None
     try:
         model_proto = _to_onnx(
@@ -416,27 +405,29 @@ def _tf2onnx_graph(
     from tf2onnx import tf_utils
 
     tfonnx.clear_functions()
-    resolve, to_tensor = tfonnx.resolve_functions, tf_utils.tf_to_onnx_tensor
-    if external:  # the huge constants: their TensorProtos, the bytes already in the file
+    with patching.held():  # no other thread's patches of these functions in between
+        to_tensor = tf_utils.tf_to_onnx_tensor
+        tensors = {}
+        if external:  # the huge constants: their TensorProtos, the bytes already in the file
 
-        def to_onnx_tensor(tensor: Any, name: str = "") -> Any:
-            found = external.get(name)
-            return to_tensor(tensor, name) if found is None else copy.deepcopy(found)
+            def to_onnx_tensor(tensor: Any, name: str = "") -> Any:
+                found = external.get(name)
+                return to_tensor(tensor, name) if found is None else copy.deepcopy(found)
 
-        tf_utils.tf_to_onnx_tensor = to_onnx_tensor
-    if not tf_graph._functions:  # noqa: SLF001  (what resolve_functions itself reads)
-        # tf2onnx's resolve_functions makes every node an ONNX node, without the constants'
-        # bytes, only to list the graph's functions: each constant taken out of the GraphDef
-        # then becomes zeros of its shape (one more copy of the weights), and a constant past
-        # 2 GB (a 2.46 GB embedding table) fails to be one ("EncodeError: Failed to
-        # serialize proto"). A graph without functions has none to list.
-        tfonnx.resolve_functions = lambda graph: []
-    try:
-        main, subgraphs = tfonnx.graphs_from_tf(
-            tf_graph, input_names, output_names, const_node_values=const_values
-        )
-    finally:
-        tfonnx.resolve_functions, tf_utils.tf_to_onnx_tensor = resolve, to_tensor
+            tensors["tf_to_onnx_tensor"] = to_onnx_tensor
+        functions = {}
+        if not tf_graph._functions:  # noqa: SLF001  (what resolve_functions itself reads)
+            # tf2onnx's resolve_functions makes every node an ONNX node, without the
+            # constants' bytes, only to list the graph's functions: each constant taken out
+            # of the GraphDef then becomes zeros of its shape (one more copy of the weights),
+            # and a constant past 2 GB (a 2.46 GB embedding table) fails to be one
+            # ("EncodeError: Failed to serialize proto"). A graph without functions has none
+            # to list.
+            functions["resolve_functions"] = lambda graph: []
+        with patching.patched(tf_utils, tensors), patching.patched(tfonnx, functions):
+            main, subgraphs = tfonnx.graphs_from_tf(
+                tf_graph, input_names, output_names, const_node_values=const_values
+            )
     if const_values:
         const_values.clear()  # the ONNX tensors of tf2onnx's graph hold them now
         release_freed_memory()
@@ -463,13 +454,6 @@ def _tf2onnx_graph(
         )
     finally:
         del main.update_proto  # tf2onnx's again, for make_graph
-
-
-# A constant past this many bytes goes to the data file before tf2onnx reads the graph, and
-# tf2onnx gets its TensorProto pointing there: tf2onnx copies each constant into protobuf
-# messages by serializing them, which stops at 2 GiB (a 2.46 GB embedding table failed with
-# "EncodeError: Failed to serialize proto"), and makes four copies of it on the way.
-HUGE_CONSTANT_BYTES = 1 << 30
 
 
 def _huge_to_file(
@@ -522,7 +506,9 @@ def _frozen_graph_def(
     import tensorflow as tf
     from tf2onnx import tf_loader
 
-    with _weights_apart(held) if held is not None else contextlib.nullcontext():
+    # tf2onnx's freezing replaces TensorFlow's make_tensor_proto while it runs (its "hack to
+    # avoid 2GB check"), as `_weights_apart` does: one at a time (patching.py).
+    with patching.held(), _weights_apart(held) if held is not None else contextlib.nullcontext():
         graph_def = tf_loader.convert_variables_to_constants_large_model(concrete)
     # What tf2onnx applies when TensorFlow's freezing fails (variable assignments left on
     # constants) and after it (ResourceGather in function bodies); both no-ops otherwise.
@@ -547,29 +533,27 @@ def _weights_apart(held: list[np.ndarray]) -> Iterator[None]:
     from tensorflow.core.framework import tensor_pb2
     from tensorflow.python.framework import dtypes, tensor_shape, tensor_util
 
-    original, owner = tensor_util.make_tensor_proto, threading.get_ident()
+    with patching.held():  # the function replaced is the one put back
+        original, owner = tensor_util.make_tensor_proto, threading.get_ident()
 
-    def make_tensor_proto(values, dtype=None, shape=None, *args, **kwargs):
-        if (
-            threading.get_ident() != owner
-            or not isinstance(values, np.ndarray)
-            or values.dtype == object
-            or values.nbytes <= 1000
-            or (shape is not None and tuple(shape) != values.shape)
-        ):
-            return original(values, dtype, shape, *args, **kwargs)
-        held.append(values)
-        return tensor_pb2.TensorProto(
-            dtype=dtypes.as_dtype(values.dtype if dtype is None else dtype).as_datatype_enum,
-            tensor_shape=tensor_shape.as_shape(values.shape).as_proto(),
-            version_number=-len(held),
-        )
+        def make_tensor_proto(values, dtype=None, shape=None, *args, **kwargs):
+            if (
+                threading.get_ident() != owner
+                or not isinstance(values, np.ndarray)
+                or values.dtype == object
+                or values.nbytes <= 1000
+                or (shape is not None and tuple(shape) != values.shape)
+            ):
+                return original(values, dtype, shape, *args, **kwargs)
+            held.append(values)
+            return tensor_pb2.TensorProto(
+                dtype=dtypes.as_dtype(values.dtype if dtype is None else dtype).as_datatype_enum,
+                tensor_shape=tensor_shape.as_shape(values.shape).as_proto(),
+                version_number=-len(held),
+            )
 
-    tensor_util.make_tensor_proto = make_tensor_proto
-    try:
-        yield
-    finally:
-        tensor_util.make_tensor_proto = original
+        with patching.patched(tensor_util, {"make_tensor_proto": make_tensor_proto}):
+            yield
 
 
 def _compressed(

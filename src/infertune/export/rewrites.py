@@ -34,6 +34,16 @@ graph is still verified against the model like any other.
   Only where the transformed axis has a static length and fft_length is a constant, and
   every op that reads a complex tensor is one of those; float32 sums of the DFT's terms in
   another order than the FFT's: round-off of 1e-7 relative.
+- **FFT and FFT2D of a real tensor** (Fourier mixing as FNet does it:
+  `tf.math.real(tf.signal.fft2d(tf.cast(x, tf.complex64)))`, or Keras'
+  `ops.fft2((x, zeros))`), for ONNX and TFLite, neither of which has the complex cast or
+  the complex FFT: the input made complex by `Cast` or `Complex(re, im)` is taken as its
+  (re, im) parts, each transformed axis of static length n is a product with the constant
+  cosine and sine matrices C and S (C[j, k] = cos(2 pi j k / n), S[j, k] = sin(2 pi j k /
+  n)): Re = A C + B S, Im = B C - A S over the last axis, the same from the left over the
+  one before it (FFT2D), so the real part of a real input's 2-D transform is C_s X C_h -
+  S_s X S_h, and the complex ops after it are lowered as after an RFFT (Real, Imag, |z|).
+  Only the part a consumer reads is computed (the converters prune the other).
 """
 
 from __future__ import annotations
@@ -52,6 +62,8 @@ def rewrite_for_onnx(graph_def: Any) -> tuple[Any, list[str]]:
     (the graph itself where none applies)."""
     rewriters = {
         "RFFT": _rfft,
+        "FFT": _fft,
+        "FFT2D": _fft,
         "DenseBincount": partial(_dense_bincount, weighted_only=True),
         "Bucketize": _bucketize,
     }
@@ -63,6 +75,8 @@ def rewrite_for_tflite(graph_def: Any) -> tuple[Any, list[str]]:
     for each rewrite (the graph itself where none applies)."""
     rewriters = {
         "RFFT": partial(_rfft, natively=frozenset({"ComplexAbs", "Real", "Imag"})),
+        "FFT": _fft,
+        "FFT2D": _fft,
         "DenseBincount": _dense_bincount,
     }
     return _rewrite(graph_def, rewriters, "TFLite")
@@ -398,6 +412,104 @@ def _rfft(graph: _Graph, node: Any, natively: frozenset = frozenset()) -> tuple 
         f"MatMul by constant DFT cosine and sine matrices, real arithmetic on the (re, im) "
         f"parts{magnitude}",
     )
+
+
+def _fft(graph: _Graph, node: Any) -> tuple | None:
+    """FFT or FFT2D of a tensor made complex from real ones (`Cast` from a real dtype, or
+    `Complex(re, im)`), and the complex arithmetic after it, as real arithmetic: see the
+    module's doc. None where an axis it transforms has no static length, its input is not
+    made so, or an op that cannot be lowered reads its result."""
+    import tensorflow as tf
+
+    axes = 2 if node.op == "FFT2D" else 1
+    source = graph.nodes.get(_node_name(node.input[0]))
+    if source is None or len(graph.consumers(source.name)) != 1:
+        return None
+    if source.op == "Complex":
+        dtype = tf.as_dtype(source.attr["T"].type)
+        re, im = source.input[0], source.input[1]
+        if graph.shape(re) != graph.shape(im):
+            return None  # a broadcast inside Complex: not lowered
+        zero = graph.value(im)
+        if zero is not None and not np.any(zero):
+            im = None  # a constant zero imaginary part adds nothing
+    elif source.op == "Cast" and tf.as_dtype(source.attr["SrcT"].type).is_floating:
+        dtype, re, im = tf.as_dtype(source.attr["SrcT"].type), source.input[0], None
+        if dtype not in (tf.float32, tf.float64):
+            return None
+    else:
+        return None
+    shape = graph.shape(re)
+    if not shape or len(shape) < axes or any(d is None for d in shape[-axes:]):
+        return None
+    region = _complex_region(graph, node)
+    if region is None:
+        return None
+    name = node.name
+    graph.remove(node)
+    graph.remove(source)
+    re, im = _dft_last(graph, f"{name}/last", re, im, shape[-1], dtype)
+    if axes == 2:
+        re, im = _dft_second_last(graph, f"{name}/rows", re, im, shape[-2], dtype)
+    lowered = {name: (re, im)}
+    for other in region:
+        _lower(graph, other, lowered, dtype)
+    ops = sorted({other.op for other in region} - {"Identity"})
+    made = "Complex" if source.op == "Complex" else "Cast to complex"
+    return (
+        " + ".join([made, node.op, *ops]),
+        "MatMul by constant DFT cosine and sine matrices on the (re, im) parts",
+    )
+
+
+def _dft_matrices(n: int, dtype: Any) -> tuple[np.ndarray, np.ndarray]:
+    """C[j, k] = cos(2 pi j k / n) and S[j, k] = sin(2 pi j k / n), symmetric, the angles
+    reduced mod n (exact)."""
+    j = np.arange(n, dtype=np.float64)[:, None]
+    angle = 2 * np.pi * ((j * np.arange(n)) % n) / n
+    real = dtype.as_numpy_dtype
+    return np.cos(angle).astype(real), np.sin(angle).astype(real)
+
+
+def _dft_last(
+    graph: _Graph, name: str, re: str, im: str | None, n: int, dtype: Any
+) -> tuple[str, str]:
+    """The DFT over the last axis, one product: [A | B] @ [[C, -S], [S, C]] (B absent: A @
+    [C | -S]), split into (re, im)."""
+    import tensorflow as tf
+
+    c, s = _dft_matrices(n, dtype)
+    if im is None:
+        matrix, values = np.concatenate([c, -s], axis=1), re
+    else:
+        matrix = np.block([[c, -s], [s, c]])
+        axis = graph.const(f"{name}/concat_axis", np.array(-1, np.int32))
+        values = graph.add(f"{name}/parts", "ConcatV2", [re, im, axis], T=dtype, N=2,
+                           Tidx=tf.int32)  # fmt: skip
+    product = _matmul(graph, f"{name}/product", values, graph.const(f"{name}/dft", matrix), dtype)
+    axis = graph.const(f"{name}/axis", np.array(-1, np.int32))
+    split = graph.add(f"{name}/split", "Split", [axis, product], T=dtype, num_split=2)
+    return f"{split}:0", f"{split}:1"
+
+
+def _dft_second_last(
+    graph: _Graph, name: str, re: str, im: str, n: int, dtype: Any
+) -> tuple[str, str]:
+    """The DFT over the axis before the last, from the left on [A ; B] stacked on that axis:
+    re = [C, S] @ [A ; B], im = [-S, C] @ [A ; B], two products (a converter prunes the one
+    no consumer reads: FNet reads the real part only)."""
+    import tensorflow as tf
+
+    c, s = _dft_matrices(n, dtype)
+    axis = graph.const(f"{name}/concat_axis", np.array(-2, np.int32))
+    stacked = graph.add(f"{name}/parts", "ConcatV2", [re, im, axis], T=dtype, N=2,
+                        Tidx=tf.int32)  # fmt: skip
+    left = {"re": np.concatenate([c, s], axis=1), "im": np.concatenate([-s, c], axis=1)}
+    parts = []
+    for part, matrix in left.items():
+        constant = graph.const(f"{name}/dft_{part}", matrix)
+        parts.append(_matmul(graph, f"{name}/{part}", constant, stacked, dtype))
+    return parts[0], parts[1]
 
 
 def _complex_region(graph: _Graph, source: Any) -> list[Any] | None:

@@ -22,19 +22,18 @@ starts it. After a crash or a kill, the jobs queued behind the one that caused i
 fresh child. One thread may submit while one other waits for verdicts (a lock keeps the
 queue and the worker consistent; the waiting thread alone reads the child's answers).
 
-The child is `python -m infertune.rehearsal_child`, with this interpreter and this sys.path.
+The child is `python -m infertune.pipeline.rehearsal_child`, started as every child is
+(children.py).
 """
 
 from __future__ import annotations
 
 import json
 import math
-import os
 import queue
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -46,7 +45,7 @@ from typing import Any
 import numpy as np
 
 from ..backends.base import Backend, Target
-from ..environment import child_environment
+from ..children import ChildUnavailable, start_module
 
 __all__ = [
     "CandidateCrashed",
@@ -414,23 +413,20 @@ class _Worker:
     """One child process, its protocol lines (a reader thread queues them) and its log."""
 
     def __init__(self, directory: Path):
-        python = _python_executable()
         self._log_path = directory / f"child-{time.monotonic_ns()}.log"
         self._log = open(self._log_path, "wb")  # noqa: SIM115 (closed in stop/kill)
-        env = child_environment()
         try:
-            self._process = subprocess.Popen(
-                [python, "-m", "infertune.pipeline.rehearsal_child", str(directory)],
+            self._process = start_module(
+                "infertune.pipeline.rehearsal_child",
+                str(directory),
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=self._log,
-                env=env,
                 text=True,
-                bufsize=1,
             )
-        except (OSError, ValueError) as exc:
+        except ChildUnavailable as exc:
             self._log.close()
-            raise RehearsalUnavailable(f"cannot start {python} ({exc})") from exc
+            raise RehearsalUnavailable(str(exc)) from exc
         self._lines: queue.Queue[tuple[float, str] | None] = queue.Queue()
         self.created = time.perf_counter()
         self.ready = False
@@ -501,16 +497,6 @@ class _Worker:
             self._process.kill()
             self._process.wait()
         self._log.close()
-
-
-def _python_executable() -> str:
-    """This interpreter's executable, if it is one that `-m` runs (not an embedding host)."""
-    python = sys.executable
-    if not python:
-        raise RehearsalUnavailable("sys.executable is not set (an embedded interpreter)")
-    if not os.path.basename(python).lower().startswith(("python", "pypy")):
-        raise RehearsalUnavailable(f"sys.executable is {python}, not a Python interpreter")
-    return python
 
 
 def _signal_name(number: int) -> str:

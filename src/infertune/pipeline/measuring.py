@@ -15,7 +15,7 @@ from ..measure import LatencyStats, measure_interleaved, warm_up
 from ..options import Options
 from ..progress import Progress
 from ..report import CandidateResult
-from .preparing import Budget
+from .budget import Budget
 
 __all__ = ["close_quietly", "concurrency_note", "measure", "measure_batches"]
 
@@ -151,18 +151,18 @@ def concurrency_note(
     batch: int,
     options: Options,
     progress: Progress,
-    large: bool = False,
+    memory_tight: bool = False,
 ) -> str | None:
     """With one caller asked for: how much the choice would lose under 2 and 4 callers
     where another candidate does better there by more than LOSS_WORTH_SAYING, in one line
     (None where it would not, or where the check is not cheap: calls over 20 ms, or a time
     budget). The choice and the fastest few others are measured again under each load.
-    Not on a `large` model: of the candidates that copy its weights only one is left
-    (preparing._keep), and each caller of a TensorFlow candidate may hold a copy of its own
+    Not where memory is tight: of the candidates that copy the weights only one is left
+    (tournament.keep), and each caller of a TensorFlow candidate may hold a copy of its own
     of a variable in copy-on-read mode (an embedding table a sparse read touched: TensorFlow
     copies it on every read; the 2.46 GB recommender held 7.5 GB more under 4 callers,
     kept by TensorFlow's allocator to the end)."""
-    if options.concurrency != 1 or options.time_budget_s is not None or large:
+    if options.concurrency != 1 or options.time_budget_s is not None or memory_tight:
         return None
     measured = sorted(
         (r for r in results if r.status in ("ok", "selected") and r.latency is not None),

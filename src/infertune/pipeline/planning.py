@@ -8,13 +8,13 @@ compiles scale with it), and the model's own call time. What earlier runs on thi
 learned (machine.py): how far each estimate was off here, and which candidates were chosen
 for models of the same kind.
 
-Order: the candidates most likely to win first. A model doing much arithmetic per call
-(compute-bound) is won by the runtimes with the best kernels (OpenVINO, LiteRT/XNNPACK, then
-ONNX Runtime); a light one (overhead-bound) by the lowest per-call floor (ONNX Runtime,
-LiteRT), docs/benchmarks.md. Families chosen before on this machine for models of the same
-kind come first; variants of one family follow its default, once its conversion is built
-they cost little. Estimates: each shared conversion once (an ONNX export serves every ONNX
-Runtime and OpenVINO candidate), plus the candidate's own compile, plus its calls.
+Order: the candidates most likely to win first, by their family's rank for the kind of model
+(backends/__init__.py FAMILIES: a compute-bound model is won by the runtimes with the best
+kernels, an overhead-bound one by the lowest per-call floor). Families chosen before on this
+machine for models of the same kind come first; variants of one family follow its default,
+once its conversion is built they cost little. Estimates: each shared conversion once
+(export/registry.py: its cost; an ONNX export serves every ONNX Runtime and OpenVINO
+candidate), plus the candidate's own compile, plus its calls.
 """
 
 from __future__ import annotations
@@ -22,19 +22,18 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
+from ..backends import family_of, family_rank
 from ..backends.base import Backend
+from ..export.registry import CONVERSIONS
 from ..machine import MachineRecord
 from ..stages import StageTimes
 
 __all__ = [
-    "CONVERSION_COSTS",
-    "CONVERSION_STAGES",
     "Probe",
     "after_candidates_s",
     "candidate_call_s",
     "conversion_estimate_s",
     "estimate_s",
-    "family",
     "learn_from_run",
     "order_candidates",
     "regime",
@@ -45,28 +44,9 @@ __all__ = [
 # (MobileNetV2 224: 0.6 GFLOP; the small CNN: 0.5 MFLOP; the 10-50-1 MLP at batch 1000: 1 MFLOP).
 COMPUTE_BOUND_FLOPS = 50e6
 
-# Families, most likely to win first (FIELD_NOTES' baselines, docs/benchmarks.md).
-_ORDER = {
-    "compute": ["openvino-cpu", "litert", "onnxruntime-cpu", "tf-xla", "tf-function"],
-    "overhead": ["onnxruntime-cpu", "litert", "openvino-cpu", "tf-xla", "tf-function"],
-}
 # Graph ops that LiteRT's builtin converter fails on or runs outside XNNPACK (loops, tensor
 # lists): where the graph has them, LiteRT goes last.
 _LITERT_HARD = ("While", "StatelessWhile", "If", "StatelessIf", "TensorListReserve")
-
-# Shared conversions: (seconds whatever the model, seconds per second of one trace of it),
-# measured inside optimize() on the 2-core machine, before corrections: ResNet50 128x128 (a
-# 1.2 s trace) exported to ONNX in 5.8 s and to TFLite in 4.7-5.7 s, MobileNetV2 224 (0.5 s)
-# in 1.9 and 1.3 s, the small CNN in 0.2 s each.
-CONVERSION_COSTS = {
-    "onnx": (0.3, 4.5),
-    "tflite": (0.3, 4.0),
-    "onnx-int8": (0.3, 2.0),
-}
-# The share of a conversion spent in one native call that holds the GIL: a stage abandoned
-# at the budget's end returns only when that call does. TFLite's MLIR conversion of ResNet50
-# held it 3.6 s of 10.9 s (the calling thread could not wake for that long).
-UNINTERRUPTIBLE = {"tflite": 0.35, "tflite-fixed": 0.35}
 
 
 def uninterruptible_s(
@@ -74,11 +54,15 @@ def uninterruptible_s(
 ) -> float:
     """How far past the budget's end `backend` could run if abandoned during a conversion."""
     return sum(
-        UNINTERRUPTIBLE[key] * conversion_estimate_s(key, probe, record)
+        CONVERSIONS[key].uninterruptible * conversion_estimate_s(key, probe, record)
         for key in backend.conversions
-        if key in UNINTERRUPTIBLE and key not in built
+        if key in CONVERSIONS and key not in built
     )
 
+
+# The cost of a conversion outside the registry (a key of a user's own backend): (seconds
+# whatever the model, seconds per second of one trace of it), the largest registered ones'.
+UNREGISTERED_COST = (1.0, 5.0)
 
 # Calls a candidate makes before it is measured: its first call and the verification inputs,
 # in this process and in the rehearsal child.
@@ -113,26 +97,20 @@ def regime(flops: int | None) -> str:
     return "compute" if flops is not None and flops >= COMPUTE_BOUND_FLOPS else "overhead"
 
 
-def family(name: str) -> str:
-    """A candidate's family: its name without the variant (`onnxruntime-cpu:threads=1`)."""
-    return name.split(":")[0]
-
-
 def order_candidates(
     backends: list[Backend], probe: Probe, record: MachineRecord | None
 ) -> list[Backend]:
     """`backends` in the order to try them: most promising first (see the module doc)."""
-    base = _ORDER[probe.regime]
+    last = 1 << 30  # after every ranked family
     wins = record.wins(probe.regime) if record is not None else {}
     hard_for_litert = any(probe.op_types.get(op) for op in _LITERT_HARD)
 
     def key(indexed: tuple[int, Backend]) -> tuple:
         index, backend = indexed
-        fam = family(backend.name)
-        known = fam in base
-        rank = base.index(fam) if known else len(base)
-        if fam == "litert" and hard_for_litert:
-            rank = len(base)
+        fam = family_of(backend.name)
+        rank = family_rank(backend.name, probe.regime)
+        if rank is None or (fam == "litert" and hard_for_litert):
+            rank = last
         return (
             backend.precision != "fp32",  # reduced precision after every exact candidate
             -min(wins.get(fam, 0), 3),  # chosen here before for models like this one
@@ -160,7 +138,7 @@ def estimate_s(
         parts.append(f"{key} conversion ~{seconds:.1f} s")
         total += seconds
     own = _raw_candidate_s(backend, probe)
-    own = _corrected(f"candidate {family(backend.name)}", own, record)
+    own = _corrected(f"candidate {family_of(backend.name)}", own, record)
     parts.append(f"compile and verification ~{own:.1f} s")
     total += own
     return total, " + ".join(parts)
@@ -176,7 +154,8 @@ def _raw_candidate_s(backend: Backend | type[Backend], probe: Probe) -> float:
 
 def conversion_estimate_s(key: str, probe: Probe, record: MachineRecord | None) -> float:
     """Seconds the shared conversion `key` is expected to take here."""
-    fixed, per_trace = CONVERSION_COSTS.get(key, (1.0, 5.0))
+    conversion = CONVERSIONS.get(key)
+    fixed, per_trace = conversion.cost if conversion is not None else UNREGISTERED_COST
     return _corrected(f"conversion {key}", fixed + per_trace * probe.trace_s, record)
 
 
@@ -213,17 +192,17 @@ def learn_from_run(
     statuses: dict[str, str],
     times: StageTimes,
     chosen: str,
-    conversion_memory: dict[str, float] | None = None,
+    conversion_memory: dict[str, tuple[int, int]] | None = None,
 ) -> None:
     """Fold this run's costs (actual against estimated, before corrections), its
-    conversions' measured memory (copies of the weights) and its choice into the machine's
-    record, and save it."""
-    for key, factor in (conversion_memory or {}).items():
-        record.learn_memory(key, factor)
+    conversions' measured memory ((weights, peak) in bytes, by memory key) and its choice into
+    the machine's record, and save it."""
+    for key, (weights, peak) in (conversion_memory or {}).items():
+        record.learn_memory(key, weights, peak)
     for stage, seconds in times.shared.items():
-        key = next((k for k, name in CONVERSION_STAGES.items() if name == stage), None)
-        if key is not None and key in CONVERSION_COSTS:
-            fixed, per_trace = CONVERSION_COSTS[key]
+        key = next((k for k, c in CONVERSIONS.items() if c.stage == stage), None)
+        if key is not None:
+            fixed, per_trace = CONVERSIONS[key].cost
             record.learn_cost(f"conversion {key}", fixed + per_trace * probe.trace_s, seconds)
     for cls, name in candidates:
         if statuses.get(name) not in ("ok", "selected", "mismatch") or name not in times.candidates:
@@ -235,15 +214,6 @@ def learn_from_run(
         own = {k: v for k, v in times.candidates[name].items() if k != "waiting"}
         work = sum(own.values()) + sum(times.background.get(name, {}).values())
         if raw > 0:
-            record.learn_cost(f"candidate {family(name)}", raw, work)
-    record.learn_win(probe.regime, family(chosen))
+            record.learn_cost(f"candidate {family_of(name)}", raw, work)
+    record.learn_win(probe.regime, family_of(chosen))
     record.save()
-
-
-# The report's names of the shared conversions' stages (preparing.shared_stage).
-CONVERSION_STAGES = {
-    "onnx": "ONNX export",
-    "onnx-int8": "int8 quantization",
-    "tflite": "TFLite conversion",
-    "tflite-fixed": "TFLite conversion at the sample's shapes",
-}

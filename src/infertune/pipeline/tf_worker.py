@@ -6,11 +6,12 @@ interpreter lock, so threads cannot overlap them (measured: an ONNX export and a
 conversion of MobileNetV2 took as long in two threads as one after the other). A worker
 process can: while this process exports to ONNX, the worker converts to TFLite.
 
-The worker (`python -m infertune.tf_worker JOB`) loads the model from a .keras file this
-process wrote, builds the conversion with the very function this process would call
-(`OFFLOADABLE`), writes it into the job directory and exits: 0 with the result, 1 with
-error.txt. A worker that fails leaves the conversion to this process (`Target.shared`), which
-the report's notes say.
+The worker (`python -m infertune.pipeline.tf_worker JOB`, started as every child is:
+children.py) loads the model from a .keras file this process wrote, builds the conversion
+with the very function this process would call (its registered build, export/registry.py),
+writes it into the job directory with the conversion's `worker` files and exits: 0 with the
+result, 1 with error.txt. A worker that fails leaves the conversion to this process
+(`Target.shared`), which the report's notes say. offload.py decides which conversions go.
 
 Keras loads a class it does not define only where it is registered or named in
 `custom_objects`, in the loading process: the worker imports the modules of the model's own
@@ -28,31 +29,17 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..backends import litert
-from ..environment import child_environment
+from ..children import start_module
+from ..export.registry import CONVERSIONS
 
-__all__ = ["OFFLOADABLE", "OffloadedConversion", "custom_classes"]
+__all__ = ["OffloadedConversion", "custom_classes"]
 
-
-@dataclass(frozen=True)
-class _Conversion:
-    """The functions that build a shared conversion from a Target, write it into a
-    directory and read it back."""
-
-    build: Callable[[Any], Any]
-    write: Callable[[Any, Path], None]
-    read: Callable[[Path], Any]
-
-
-# Shared conversions (Target keys) a worker can build.
-OFFLOADABLE = {
-    "tflite": _Conversion(litert.build_conversion, litert.write_conversion, litert.read_conversion)
-}
+# The longest this process waits for a worker's conversion before it makes it here instead:
+# a conversion long enough to go to a worker takes 15 s or more; an hour means it hangs.
+WORKER_TIMEOUT_S = 3600.0
 
 
 class OffloadedConversion:
@@ -60,8 +47,10 @@ class OffloadedConversion:
     `classes` (custom_classes of the model) to load it."""
 
     def __init__(self, key: str, target: Any, classes: list[tuple[str, str]]):
-        if key not in OFFLOADABLE:
-            raise ValueError(f"no worker builds {key!r}; it builds {sorted(OFFLOADABLE)}")
+        conversion = CONVERSIONS.get(key)
+        if conversion is None or conversion.worker is None:
+            builds = sorted(k for k, c in CONVERSIONS.items() if c.worker is not None)
+            raise ValueError(f"no worker builds {key!r}; it builds {builds}")
         self.key = key
         self.directory = Path(tempfile.mkdtemp(prefix="infertune-tf-worker-"))
         self.worker_s: float | None = None  # the worker's own seconds, once it is done
@@ -76,25 +65,27 @@ class OffloadedConversion:
                 "dtypes": [str(d) for d in target.output_dtypes],
             }
             (self.directory / "job.json").write_text(json.dumps(spec))
-            env = child_environment()
             self._log = open(self.directory / "worker.log", "wb")  # noqa: SIM115 (close())
-            self._process = subprocess.Popen(
-                [sys.executable, "-m", "infertune.pipeline.tf_worker", str(self.directory)],
-                stdin=subprocess.DEVNULL,
+            self._process = start_module(
+                "infertune.pipeline.tf_worker",
+                str(self.directory),
                 stdout=self._log,
                 stderr=self._log,
-                env=env,
             )
         except BaseException:
+            log = getattr(self, "_log", None)
+            if log is not None:
+                log.close()
             shutil.rmtree(self.directory, ignore_errors=True)
             raise
 
-    def result(self, timeout_s: float | None = None) -> Any:
+    def result(self, timeout_s: float = WORKER_TIMEOUT_S) -> Any:
         """The conversion, once the worker is done; raises RuntimeError with the worker's
         error (or TimeoutError) where it is not there."""
         try:
             code = self._process.wait(timeout_s)
         except subprocess.TimeoutExpired:
+            self.close()
             raise TimeoutError(f"the worker did not finish within {timeout_s:g} s") from None
         self._log.close()
         if code != 0:
@@ -102,7 +93,7 @@ class OffloadedConversion:
             why = error.read_text().strip() if error.is_file() else _tail(self._log.name)
             raise RuntimeError(f"the worker process failed (exit status {code}): {why}")
         self.worker_s = float((self.directory / "seconds.txt").read_text())
-        return OFFLOADABLE[self.key].read(self.directory)
+        return CONVERSIONS[self.key].worker.read(self.directory)
 
     def close(self) -> None:
         """Stop the worker if it still runs and remove its files."""
@@ -200,8 +191,8 @@ def main() -> None:
             Structure.from_dict(spec["outputs"]),
             [np.dtype(d) for d in spec["dtypes"]],
         )
-        conversion = OFFLOADABLE[spec["key"]]
-        conversion.write(conversion.build(target), directory)
+        conversion = CONVERSIONS[spec["key"]]
+        conversion.worker.write(conversion.build(target), directory)
     except Exception as exc:
         (directory / "error.txt").write_text(one_line(exc))
         sys.exit(1)

@@ -8,14 +8,18 @@ and writes the report.
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from ..backends import BACKENDS, Backend, KerasEager, TensorFlowOnly, TfFunction, TfHeadChain
+from ..datasets import LabelledBatch, calibration_batches, labelled_batches
 from ..environment import collect_environment, fingerprint
 from ..errors import ModelError
+from ..export.registry import stage_name
 from ..gpu import enable_tf_memory_growth
 from ..inputs import InputSignature, build_signature
 from ..machine import MachineRecord
@@ -29,11 +33,15 @@ from ..splitting import Split, find_split
 from ..stages import StageTimes
 from ..target import Target
 from ..verify import ELEMENT_RULE, compare_outputs
+from .budget import Budget
+from .context import Preparation
 from .diagnosis import diagnose
+from .gate import precision_data
 from .isolation import Isolation
 from .measuring import close_quietly, concurrency_note, measure_batches
+from .memory import conversion_memory_learned
 from .planning import Probe, after_candidates_s, learn_from_run
-from .preparing import Budget, conversion_memory_learned, prepare_all, shared_stage
+from .preparing import prepare_all
 from .reference import (
     Check,
     EagerVsTraced,
@@ -46,7 +54,7 @@ from .reference import (
 )
 from .selection import Selection, choose
 
-__all__ = ["Model", "candidates", "load_for_tuning", "tune"]
+__all__ = ["Model", "candidates", "load_for_tuning", "read_data", "tune"]
 
 # What optimize() does after the report: releasing the run's freed memory to the OS (a full
 # garbage collection: 0.3-0.4 s after ResNet50's candidates on two cores).
@@ -55,12 +63,15 @@ _FINISH_S = 0.5
 
 @dataclass
 class Model:
-    """The model as the pipeline takes it: loaded, its input signature, the sample flat."""
+    """The model as the pipeline takes it: loaded, its input signature, the sample flat, and
+    the user's data for reduced precision, read and checked (read_data)."""
 
     source: ModelSource
     signature: InputSignature
     sample: list[np.ndarray]
     gpu_growth: dict  # what enable_tf_memory_growth() did, for the report
+    calibration: list[list[np.ndarray]] | None = None  # flat input batches
+    labelled: list[LabelledBatch] | None = None
 
 
 def candidates(
@@ -131,6 +142,15 @@ def _tune(
             source, signature, sample, reference, progress, batch_sizes, call
         )
     outputs = output_signature(structure, signature, checks)
+    precision = None
+    if model.calibration or model.labelled:
+        with progress.timed("calibration", text="the model on the calibration and accuracy data"):
+            reference_call = call or (lambda flat: source.call_flat(signature, flat)[0])
+            precision = precision_data(
+                model.calibration, options.accuracy, model.labelled, outputs, reference_call
+            )
+            precision.batch_sizes = [n for n in batch_sizes or [] if n != signature.sample_batch]
+        target.calibration = precision.calibration or None
 
     with progress.timed("environment"):
         environment = collect_environment()
@@ -139,24 +159,24 @@ def _tune(
         planned = probe(source, signature, sample, checks, call_s, record.peak_gflops)
     budget = _budget(options, first_call_s, planned, record)
 
-    results: list[CandidateResult] = []
     isolation = Isolation(options.isolation, options.candidate_timeout_s)
+    run = Preparation(target, checks, options, progress, isolation, budget, planned, record)
+    run.precision = precision
     try:
-        contenders, call_estimates, tried = prepare_all(
-            backends, target, checks, results, options, progress, isolation, budget, planned,
-            record,
-        )  # fmt: skip
+        prepared = prepare_all(backends, run)
     finally:
         isolation.close()
+    results, contenders = prepared.results, prepared.contenders
     for name, seconds in isolation.child_seconds.items():
         times.add_background(name, seconds, "rehearsal in the child process")
     for key, seconds in target.offloaded_seconds.items():
-        times.add_background("(shared)", seconds, f"{shared_stage(key)} in a worker process")
+        times.add_background("(shared)", seconds, f"{stage_name(key)} in a worker process")
     results[0].first_call_ms = 1e3 * first_call_s  # the model's own first call, on the sample
     precision_notes = [
-        f"{backend.name}: {backend.precision_note}"
+        f"{result.name}: {result.quantization or backend.precision_note}"
         for backend, result in zip(backends, results)
-        if backend.precision_note and result.status not in ("skipped", "unavailable")
+        if (result.quantization or backend.precision_note)
+        and result.status not in ("skipped", "unavailable")
     ]
     _check_own_call(results[0], options.reference)
     kinds = [(type(b), b.name) for b in backends]
@@ -164,51 +184,52 @@ def _tune(
 
     by_batch = measure_batches(
         contenders, sample, results, signature, batch_sizes, options, progress, budget,
-        call_estimates,
+        prepared.call_estimates,
     )  # fmt: skip
     selection = choose(results, contenders, by_batch, options, signature, outputs, batch_sizes)
     choice = selection.choice
     under_load = concurrency_note(
         choice.general.name, results, contenders, sample, signature.sample_batch or 1, options,
-        progress, large=target.large is not None,
+        progress, memory_tight=target.memory_tight is not None,
     )  # fmt: skip
     kept = {id(backend) for backend in choice.backends}
     for backend in contenders.values():
         if id(backend) not in kept:
             close_quietly(backend)
     contenders.clear()
-    serving = choice.serving.name
+    selected = choice.selected.name
     progress.stage("diagnosis: the machine's peak")
     diagnosis = diagnose(
-        source, signature, sample, results, serving, environment,
+        source, signature, sample, results, selected, environment,
         flops=(planned.flops, planned.flops_note), record=record, timed=progress.timed,
     )  # fmt: skip
     times.total_s = progress.elapsed()
     statuses = {r.name: r.status for r in results}
     learned = conversion_memory_learned(target)
-    learn_from_run(record, planned, kinds, statuses, times, serving, learned)
+    learn_from_run(record, planned, kinds, statuses, times, selected, learned)
     notes = (
         [versus.note()]
+        + ([source.inference_note] if source.inference_note else [])
         + _notes(target, checks, results)
         + _split_notes(split, unsplit, signature.strings)
         + precision_notes
         + target.notes
-        + _plan_notes(options, tried, results)
+        + _plan_notes(options, prepared.tried, results)
         + _gpu_notes(model.gpu_growth)
         + isolation.notes
         + _concurrency_notes(options, under_load)
     )
-    if versus.differs and options.reference == "eager" and serving in REFERENCE_NAMES:
+    if versus.differs and options.reference == "eager" and selected in REFERENCE_NAMES:
         selection.reason += (
             "; every compiled candidate computes the model's traced graph, which differs "
             "from model(x) (see the first note: reference='traced' verifies against it)"
         )
     report = _report(model, options, results, environment, selection, notes, diagnosis, times)
     report.memory = _memory(memory, target, progress)
-    tip = allocators_note() if report.memory is not None and target.large else None
+    tip = allocators_note() if report.memory is not None and target.memory_tight else None
     if tip is not None:
         report.notes.append(tip)
-    progress.say(f"selected {serving}: {report.selection_reason}")
+    progress.say(f"selected {selected}: {report.selection_reason}")
     if choice.exact_shape:
         progress.say(f"every other shape: {choice.general.name}: {selection.general_reason}")
     for line in report.batch_summary():
@@ -229,8 +250,8 @@ def _check_own_call(result: CandidateResult, reference: str) -> None:
     if result.status != "ok" and reference == "eager":
         raise ModelError(
             f"The model does not reproduce its own outputs on the same input "
-            f"({result.reason}); a model with randomness at inference (dropout in "
-            f"training mode, random layers) cannot be verified."
+            f"({result.reason}); a model with randomness at inference (for a Keras model: "
+            f"under model(x, training=False), how it is called) cannot be verified."
         )
 
 
@@ -246,7 +267,7 @@ def _memory(memory: MemoryPeak, target: Target, progress: Progress) -> dict | No
         "weights_bytes": target.weights_measured,
         # Each conversion's own peak above what this process held when it began (large
         # models), by the report's stage name.
-        "conversions_bytes": {shared_stage(k): v for k, v in target.memory_peaks.items()},
+        "conversions_bytes": {stage_name(k): v for k, v in target.memory_peaks.items()},
     }
     progress.say(memory_line(held))
     return held
@@ -301,7 +322,7 @@ def _report(
         atol=options.atol,
         candidates=results,
         environment=environment,
-        selected=choice.serving.name,
+        selected=choice.selected.name,
         selection_reason=selection.reason,
         total_s=times.total_s,
         notes=notes,
@@ -325,6 +346,32 @@ def load_for_tuning(model: Any, sample_input: Any, progress: Progress) -> Model:
         )
         progress.say(f"{source.description}; inputs {signature.describe()}")
     return Model(source, signature, sample, growth)
+
+
+def read_data(model: Model, options: Options, progress: Progress) -> Options:
+    """optimize(calibration=..., accuracy=...) read into flat batches and checked against
+    the model's inputs (InputError, OptionError: before any long work); the options with a
+    digest of the data (it decides the result: the tuning cache's key)."""
+    if options.calibration is None and options.accuracy is None:
+        return options
+    digest = hashlib.sha256()
+    with progress.timed("reading the calibration and accuracy data"):
+        if options.calibration is not None:
+            model.calibration = calibration_batches(options.calibration, model.signature)
+            for batch in model.calibration:
+                _digest(digest, batch)
+        if options.accuracy is not None:
+            model.labelled = labelled_batches(options.accuracy.data, model.signature)
+            for labelled in model.labelled:
+                _digest(digest, [*labelled.inputs, labelled.labels])
+    return dataclasses.replace(options, data_digest=digest.hexdigest()[:32])
+
+
+def _digest(digest: Any, arrays: list[np.ndarray]) -> None:
+    for array in arrays:
+        digest.update(f"{array.dtype}{array.shape}".encode())
+        digest.update(np.ascontiguousarray(array).tobytes() if array.dtype != object else
+                      repr(array.tolist()).encode())  # fmt: skip
 
 
 def _budget(options: Options, first_call_s: float, planned: Probe, record: MachineRecord):

@@ -5,6 +5,10 @@ its output form; `flat_runner(choice)` takes flat arrays already checked (a serv
 and returns flat arrays. Each adds as little as it can over calling the chosen runtime: the
 common forms are checked in a few comparisons, and nothing is converted the runtime does not
 need.
+
+Nothing here checks whether the result was closed: Optimized.close() swaps its call path for
+one that raises, and each backend's close() cuts what its runners hold of the runtime, so a
+path built here and kept past close() holds no session and fails instead of running.
 """
 
 from __future__ import annotations

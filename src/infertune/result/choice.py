@@ -40,8 +40,9 @@ class Choice:
             self.by_batch = dict(sorted(self.by_batch.items()))
 
     @property
-    def serving(self) -> Backend:
-        """The candidate that serves calls at the sample's input shapes."""
+    def selected(self) -> Backend:
+        """The selected candidate (the report's `selected`, `Optimized.backend`): the one that
+        serves calls at the sample's input shapes."""
         return self.exact_shape or self.general
 
     @property
@@ -75,8 +76,16 @@ class Choice:
         return [tuple(shape) for shape in self.inputs.sample_shapes]
 
     def close(self) -> None:
+        """Close every backend (every batch size's, the exact-shape path), each even where
+        another's close() raised (a custom backend's): the first such error is raised after."""
+        failed: list[Exception] = []
         for backend in self.backends:
-            backend.close()
+            try:
+                backend.close()
+            except Exception as exc:
+                failed.append(exc)
+        if failed:
+            raise failed[0]
 
     # -- the one format ------------------------------------------------------------------
     def to_dict(self) -> dict:

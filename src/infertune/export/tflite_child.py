@@ -1,6 +1,6 @@
 """A large model's TFLite conversion in a process of its own.
 
-`python -m infertune.backends.litert_child SAVED_MODEL FLATBUFFER` converts the SavedModel
+`python -m infertune.export.tflite_child SAVED_MODEL FLATBUFFER` converts the SavedModel
 this process wrote (convert_saved_model, which the in-process path calls too),
 writes the flatbuffer and exits: 0 with its peak resident memory on the last line of stdout,
 1 with the error in error.txt beside the flatbuffer.
@@ -16,13 +16,12 @@ read when a process starts) and the system allocator for oneDNN
 
 from __future__ import annotations
 
-import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ..environment import child_environment
+from ..children import ChildTimeout, run_module
 from ..errors import one_line
 from ..resources import LEAN_ALLOCATORS, high_water_mark, note_child_peak
 
@@ -32,15 +31,25 @@ __all__ = ["LEAN_ENVIRONMENT", "convert_in_child", "convert_saved_model"]
 LEAN_ENVIRONMENT = {**LEAN_ALLOCATORS, "TF_CPP_MIN_LOG_LEVEL": "2"}
 
 ERROR_FILE = "error.txt"
+# The longest a conversion in the child may take before it is killed: the 2.46 GB
+# recommender's whole tuning took 71 s on two cores; an hour means it hangs.
+CONVERSION_TIMEOUT_S = 3600.0
 
 
 def convert_in_child(saved_model: str, destination: Path) -> None:
     """Write the TFLite conversion of `saved_model` to `destination` from a child process;
     its peak goes into this process's accounts (resources.note_child_peak). Raises
     RuntimeError with the converter's own message where it fails."""
-    command = [sys.executable, "-m", __name__, saved_model, str(destination)]
-    env = child_environment(**LEAN_ENVIRONMENT)
-    done = subprocess.run(command, env=env, capture_output=True, text=True, errors="replace")
+    try:
+        done = run_module(
+            __name__,
+            saved_model,
+            str(destination),
+            timeout_s=CONVERSION_TIMEOUT_S,
+            env=LEAN_ENVIRONMENT,
+        )
+    except ChildTimeout as exc:
+        raise RuntimeError(f"the TFLite conversion in a child process failed: {exc}") from None
     error = destination.parent / ERROR_FILE
     if done.returncode != 0 or not destination.is_file():
         why = error.read_text().strip() if error.is_file() else _tail(done.stderr)
@@ -55,7 +64,7 @@ def convert_in_child(saved_model: str, destination: Path) -> None:
 
 def convert_saved_model(directory: str, destination: Path) -> None:
     """Write the SavedModel in `directory` as a TFLite flatbuffer to `destination` (what the
-    child does, and this process below CHILD_CONVERSION_MIN_BYTES): float32, builtin ops
+    child does, and this process below sizes.CHILD_CONVERSION_MIN_BYTES): float32, builtin ops
     only, the weights stored after the flatbuffer (past 2 GB it could not hold them)."""
     import tensorflow as tf
 

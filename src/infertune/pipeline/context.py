@@ -1,0 +1,102 @@
+"""What the preparation of every candidate shares (`Preparation`), and one candidate on its way
+through its stages (`Candidate`): the values the parts of the preparing stage pass between
+them (preparing.py the scheduler, verifying.py, budget.py, memory.py, tournament.py,
+offload.py), so that each takes one argument instead of a list of them.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from ..backends import Backend
+from ..report import CandidateResult
+
+if TYPE_CHECKING:  # the values it carries; the modules that use them import them
+    from ..machine import MachineRecord
+    from ..options import Options
+    from ..progress import Progress
+    from ..target import Target
+    from .budget import Budget
+    from .gate import PrecisionData
+    from .isolation import Isolation, Rehearsal
+    from .planning import Probe
+    from .reference import Check
+
+__all__ = ["Candidate", "Preparation", "skip"]
+
+
+@dataclass
+class Candidate:
+    """A candidate on its way through its stages."""
+
+    backend: Backend
+    result: CandidateResult
+    stage: str = "conversion"
+    deadline: float = math.inf  # of its current phase (candidate_timeout_s, the budget)
+    rehearsal: Rehearsal | None = None
+    future: Future | None = None  # what the background thread does for it
+    seconds: dict[str, float] = field(default_factory=dict)  # its own, by stage
+    estimate: tuple[float, str] | None = None
+    holds_memory: bool = False  # admitted by memory: it counts against those after it
+    dropped: bool = False  # verified, then closed before the measurement (tight memory)
+
+    @property
+    def name(self) -> str:
+        return self.backend.name
+
+
+@dataclass
+class Preparation:
+    """What every candidate's preparation shares: given by tune.py, filled in as it goes."""
+
+    target: Target
+    checks: list[Check]
+    options: Options
+    progress: Progress
+    isolation: Isolation
+    budget: Budget
+    probe: Probe | None = None
+    record: MachineRecord | None = None
+    contenders: dict[str, Backend] = field(default_factory=dict)  # verified, by name
+    call_estimates: dict[str, float] = field(default_factory=dict)  # s per call, sample batch
+    estimates: dict[str, float] = field(default_factory=dict)  # planned seconds, by name
+    started: int = 0  # candidates started besides the reference
+    memory_budget: int | None = None  # bytes the candidates may hold in all (None: unknown)
+    # Where memory is tight: the verified candidates that copy the weights, still held for
+    # the measurement (tournament.py).
+    alive: list[Candidate] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    # Set once this thread has made every conversion: a tournament waits for it, so that no
+    # conversion competes for the cores with the candidates it times.
+    converted: threading.Event = field(default_factory=threading.Event)
+    states: list[Candidate] = field(default_factory=list)  # every candidate but the reference
+    # What reduced-precision candidates are judged by (gate.py); None: no data was given.
+    precision: PrecisionData | None = None
+
+    @property
+    def memory_tight(self) -> str | None:
+        """Why memory is tight for this model here (Target.memory_tight), None where not."""
+        return self.target.memory_tight
+
+    def contenders_at_most(self) -> int:
+        """How many candidates the measurement will have, at most, as far as is known now."""
+        return self.started + 1  # the reference among them
+
+    def deadline(self) -> float:
+        """The deadline of a phase that starts now: candidate_timeout_s's, or the budget's end
+        where sooner (stages in a worker thread can be abandoned; with isolation 'off', none)."""
+        deadline = self.isolation.deadline()
+        if self.budget.limited and self.isolation.mode != "off":
+            deadline = min(deadline, self.budget.candidates_end(self.contenders_at_most()))
+        return deadline
+
+
+def skip(state: Candidate, run: Preparation, reason: str) -> bool:
+    """The candidate is `skipped` for `reason`, said in the progress; False (not admitted)."""
+    state.result.status, state.result.reason = "skipped", reason
+    run.progress.say(f"{state.name}: skipped, {reason}")
+    return False

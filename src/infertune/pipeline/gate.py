@@ -1,0 +1,138 @@
+"""The gate a reduced-precision candidate passes instead of the float32 tolerance (accuracy.py
+says the rules): the data it needs, made once per run (`PrecisionData`: the calibration
+inputs and the model's outputs on them, the labelled data and the model's predictions on it),
+and the verdict on one candidate (`judge`).
+
+The calibration inputs are what the quantizing conversions calibrate on; the gate never
+judges a candidate by them where labelled data is given (`Accuracy`); without it they are
+among the inputs of the agreement rule, with the verification inputs.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..accuracy import Accuracy, Judgement, check_metric, judge_agreement, judge_metric
+from ..datasets import LabelledBatch
+from ..errors import OptionError
+from ..outputs import OutputSignature
+
+__all__ = ["PrecisionData", "judge", "precision_data"]
+
+
+@dataclass
+class PrecisionData:
+    """What judging reduced precision needs, made once per run."""
+
+    calibration: list[list[np.ndarray]] = field(default_factory=list)  # flat input batches
+    calibration_reference: list[list[np.ndarray]] = field(default_factory=list)
+    accuracy: Accuracy | None = None
+    labelled: list[LabelledBatch] = field(default_factory=list)
+    output: int = 0  # the flat output the metric reads
+    predictions: list[np.ndarray] = field(default_factory=list)  # the model's, by batch
+    # The other batch sizes the result will serve (optimize(batch_sizes=...)): a candidate
+    # that passes is judged again with the labelled data in batches of each (dynamic
+    # quantization computes its ranges per call, so a batch's size can change the outputs).
+    batch_sizes: list[int] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def rule(self) -> str:
+        """The rule reduced-precision candidates are judged by, in words."""
+        if self.accuracy is not None:
+            return self.accuracy.describe()
+        from ..accuracy import AGREEMENT
+
+        return AGREEMENT
+
+
+def precision_data(
+    calibration: list[list[np.ndarray]] | None,
+    accuracy: Accuracy | None,
+    labelled: list[LabelledBatch] | None,
+    outputs: OutputSignature,
+    call: Callable[[list[np.ndarray]], list[np.ndarray]],
+) -> PrecisionData:
+    """The model's outputs on the calibration inputs and its predictions on the labelled
+    data (`call`: the reference's call on flat inputs), the metric checked on them (OptionError
+    saying what is wrong, before any long work)."""
+    start = time.perf_counter()
+    data = PrecisionData(accuracy=accuracy)
+    if calibration:
+        data.calibration = calibration
+        data.calibration_reference = [call(batch) for batch in calibration]
+    if accuracy is not None and labelled:
+        data.labelled = labelled
+        data.output = _output_index(accuracy, outputs)
+        data.predictions = [call(batch.inputs)[data.output] for batch in labelled]
+        check_metric(accuracy, labelled[0].labels, data.predictions[0])
+    data.seconds = time.perf_counter() - start
+    return data
+
+
+def _output_index(accuracy: Accuracy, outputs: OutputSignature) -> int:
+    """The flat output the metric reads: the only one, or the one `accuracy.output` names."""
+    names = list(outputs.names)
+    if accuracy.output is None:
+        if len(names) != 1:
+            raise OptionError(
+                f"Accuracy(output=...): the model has {len(names)} outputs ({names}); name "
+                f"the one the metric reads."
+            )
+        return 0
+    if isinstance(accuracy.output, int) and 0 <= accuracy.output < len(names):
+        return accuracy.output
+    if accuracy.output in names:
+        return names.index(accuracy.output)
+    raise OptionError(f"Accuracy(output={accuracy.output!r}): the model's outputs are {names}.")
+
+
+def judge(
+    run: Callable[[list[np.ndarray]], list[np.ndarray]],
+    data: PrecisionData,
+    checked: list[tuple[list[np.ndarray], list[np.ndarray]]],
+) -> Judgement:
+    """A reduced-precision candidate's verdict: with Accuracy, its metric on the labelled data
+    against the model's; else its agreement with the model on the verification inputs
+    (`checked`: (its outputs, the model's) for each) and the calibration inputs."""
+    if data.accuracy is not None:
+        predictions = [run(batch.inputs)[data.output] for batch in data.labelled]
+        labels = [batch.labels for batch in data.labelled]
+        verdict = judge_metric(data.accuracy, labels, data.predictions, predictions)
+        for size in data.batch_sizes if verdict else ():
+            again = _rebatched(run, data, size)
+            if not again:
+                again.reason = f"at batch size {size}: {again.reason}"
+                return again
+            verdict.reason += f"; at batch size {size} too (at most {again.drop_bound:.4g})"
+        return verdict
+    ours = [outputs for outputs, _ in checked]
+    theirs = [reference for _, reference in checked]
+    for batch, reference in zip(data.calibration, data.calibration_reference):
+        ours.append(run(batch))
+        theirs.append(reference)
+    return judge_agreement(theirs, ours)
+
+
+def _rebatched(
+    run: Callable[[list[np.ndarray]], list[np.ndarray]], data: PrecisionData, size: int
+) -> Judgement:
+    """The metric with the labelled data in batches of `size` (the last one shorter)."""
+    inputs = [np.concatenate(arrays) for arrays in zip(*(b.inputs for b in data.labelled))]
+    labels = np.concatenate([b.labels for b in data.labelled])
+    count = len(labels)
+    predictions = [
+        run([array[start : start + size] for array in inputs])[data.output]
+        for start in range(0, count, size)
+    ]
+    reference = [np.concatenate(data.predictions)]
+    return judge_metric(data.accuracy, [labels], reference, [np.concatenate(predictions)])
+
+
+def describe(judgement: Judgement) -> str:
+    """A verdict in one line, for the progress and the report's reason."""
+    return f"{judgement.reason} ({judgement.rule})"

@@ -1,0 +1,187 @@
+"""Where a quantized candidate fails the gate: find a quantization of it that passes and is
+still faster, or say why there is none.
+
+First the other calibration methods the candidate has (`Backend.calibration_methods`:
+percentile, entropy after min-max), each quantized anew and judged. Then, for a candidate that
+can leave layers in float32 (`Backend.keeps_layers`), the layers are ranked by the error each
+adds (export/onnx_int8.py `layer_errors`: the float32 export and its static int8 form run side
+by side on the calibration inputs, each quantized layer's output compared, less what its
+inputs already carried), and the worst are kept in float32 one at a time: after each, the
+candidate is quantized again, judged, and timed against the fastest float32 or bf16 candidate
+verified so far (interleaved, a second or so). The search stops when one passes (the report
+names the layers kept and what each cost), when keeping one more leaves it no faster than
+that candidate, or after MAX_KEPT layers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from ..errors import one_line
+from ..export.onnx_int8 import layer_errors
+from ..export.registry import export_onnx, shared, static_int8
+from ..measure import measure_interleaved
+from ..report import CandidateResult
+from .context import Candidate
+from .verifying import Mismatch, first_call_and_verify
+
+if TYPE_CHECKING:
+    from .context import Preparation
+    from .isolation import Isolation
+
+__all__ = ["MAX_KEPT", "search"]
+
+MAX_KEPT = 6  # layers kept in float32 at most, one more each step
+TIMING_S = 1.0  # the interleaved timing of a variant against the fastest exact candidate
+
+
+def search(
+    state: Candidate, run: Preparation, isolation: Isolation, stage: Callable, failed: Mismatch
+) -> None:
+    """Replace `state.backend` with a variant that passes the gate, or raise Mismatch saying
+    what was tried. `stage` runs and times each step (this thread's or the background's)."""
+    backend = state.backend
+    tried = [f"{_settings(backend)}: {failed.judgement.reason}"]
+    best_method = backend.calibration_methods[0] if backend.calibration_methods else None
+    for method in backend.calibration_methods[1:]:
+        variant = backend.variant(method=method)
+        verdict = _attempt(state, run, isolation, stage, variant)
+        if verdict is None:
+            return
+        tried.append(f"{_settings(variant)}: {verdict}")
+    if not backend.keeps_layers or run.target.source is None:
+        raise Mismatch(_summary(tried), failed.judgement)
+    ranking = stage(
+        state, run, "layer sensitivity", f"{state.name}: ranking its layers",
+        lambda: _ranking(run),
+    )  # fmt: skip
+    rival = _fastest_exact(run)
+    kept: list[str] = []
+    costs: list[dict] = []
+    for scope in ranking[:MAX_KEPT]:
+        kept.append(scope)
+        variant = backend.variant(method=best_method, keep=tuple(kept))
+        verdict = _attempt(state, run, isolation, stage, variant, keep_on_pass=False)
+        if verdict is not None and verdict.startswith("failed"):
+            tried.append(f"{len(kept)} layer(s) kept in float32: {verdict}")
+            break
+        p50 = stage(
+            state, run, "timing", f"{state.name}: timing it against the fastest exact one",
+            lambda v=variant: _time_against(v, rival, run),
+        )  # fmt: skip
+        costs.append({"layer": scope, "p50_ms": p50.get(variant.name)})
+        if verdict is None:  # it passes: the measurement decides whether it is chosen
+            _accept(state, variant)
+            state.result.kept_fp32 = costs
+            run.progress.say(f"{state.name}: passes with {', '.join(kept)} in float32")
+            return
+        with contextlib.suppress(Exception):
+            variant.close()
+        tried.append(f"{len(kept)} layer(s) kept in float32: {verdict}")
+        mine, theirs = p50.get(variant.name), p50.get(rival.name) if rival else None
+        if mine is not None and theirs is not None and mine >= theirs:
+            tried.append(
+                f"no further: with {', '.join(kept)} in float32 its p50 {mine:.4g} ms is no "
+                f"faster than {rival.name}'s {theirs:.4g} ms"
+            )
+            break
+    raise Mismatch(_summary(tried), failed.judgement)
+
+
+def _attempt(
+    state: Candidate,
+    run: Preparation,
+    isolation: Isolation,
+    stage: Callable,
+    variant: Any,
+    keep_on_pass: bool = True,
+) -> str | None:
+    """Prepare and judge `variant` in the candidate's place; None where it passed (it then
+    replaces the candidate's backend, unless `keep_on_pass` is False: the caller decides),
+    else why not, in one line."""
+    trial = Candidate(variant, CandidateResult(variant.name, "ok", precision=variant.precision))
+    trial.deadline = state.deadline
+    run.progress.say(f"{state.name}: trying {_settings(variant)}")
+    try:
+        stage(
+            trial, run, "quantization", f"{state.name}: quantizing again",
+            lambda: isolation.call(lambda: variant.prepare(run.target), state.deadline,
+                                   "prepare"),
+        )  # fmt: skip
+        first_call_and_verify(trial, run, isolation, stage)
+    except Mismatch as exc:
+        _copy_errors(state.result, trial.result)
+        return exc.judgement.reason if exc.judgement else str(exc)
+    except Exception as exc:  # a variant that fails is one more thing tried
+        with contextlib.suppress(Exception):
+            variant.close()
+        return f"failed: {one_line(exc)}"
+    _copy_errors(state.result, trial.result)
+    if keep_on_pass:
+        _accept(state, variant)
+    return None
+
+
+def _accept(state: Candidate, variant: Any) -> None:
+    """`variant` is the candidate now: the default it replaces is closed."""
+    with contextlib.suppress(Exception):
+        state.backend.close()
+    state.backend = variant
+
+
+def _copy_errors(result: CandidateResult, trial: CandidateResult) -> None:
+    """The last variant's verdict and errors are the candidate's."""
+    for key in (
+        "max_abs_err", "max_rel_err", "gate", "metric", "reference_metric", "metric_drop",
+        "metric_drop_bound", "max_drop", "quantization", "first_call_ms", "reason",
+    ):  # fmt: skip
+        setattr(result, key, getattr(trial, key))
+
+
+def _ranking(run: Preparation) -> list[str]:
+    """The quantized layers (name scopes), the one adding the most error first."""
+    exported = export_onnx(run.target)
+    try:
+        quantized = shared(run.target, "onnx-int8-static")
+    except Exception:  # its own quantization failed: one made here for the ranking
+        quantized = static_int8(run.target)
+    feeds = run.target.calibration_feeds(exported.input_names, limit=32)
+    errors = layer_errors(exported, quantized, feeds)
+    return sorted(errors, key=lambda scope: -errors[scope])
+
+
+def _fastest_exact(run: Preparation) -> Any | None:
+    """The float32 or bf16 candidate verified so far with the fastest verification calls."""
+    estimates = {
+        name: seconds
+        for name, seconds in run.call_estimates.items()
+        if name in run.contenders and run.contenders[name].precision in ("fp32", "bf16")
+    }
+    if not estimates:
+        return None
+    return run.contenders[min(estimates, key=estimates.get)]
+
+
+def _time_against(variant: Any, rival: Any | None, run: Preparation) -> dict[str, float]:
+    """p50 ms of `variant` (and `rival`) on the sample, timed interleaved."""
+    sample = run.checks[0].inputs
+    runners = {variant.name: lambda: variant.run(sample)}
+    if rival is not None:
+        runners[rival.name] = lambda: rival.run(sample)
+    measured = measure_interleaved(
+        runners,
+        budget_s=TIMING_S,
+        min_rounds=3,
+        cooldown_s={b.name: b.cooldown_s for b in (variant, rival) if b is not None},
+    )
+    return {name: stats.p50 for name, stats in measured.stats.items()}
+
+
+def _settings(backend: Any) -> str:
+    return backend.precision_note or backend.name
+
+
+def _summary(tried: list[str]) -> str:
+    return "no quantization passed the gate: " + "; ".join(tried)

@@ -1,0 +1,175 @@
+"""What the tests share: tiny real models, the checks made on their outputs, the Target that
+optimize() builds, the page-residency probes, and the skip markers for optional runtimes.
+
+Import it as `from helpers import ...` (tests/ is on sys.path under pytest's default import
+mode, as for conftest.py). Fixtures stay in conftest.py; the test tiers (`slow`, `network`,
+`timing`) are explained there.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import numpy as np
+import pytest
+
+# -- optional runtimes ------------------------------------------------------------------------
+# The test extra installs all three (pyproject.toml); a machine without one skips their tests
+# and names the install that adds it.
+needs_litert = pytest.mark.skipif(
+    importlib.util.find_spec("ai_edge_litert") is None,
+    reason='ai-edge-litert is not installed (pip install ".[cpu]")',
+)
+needs_openvino = pytest.mark.skipif(
+    importlib.util.find_spec("openvino") is None,
+    reason='openvino is not installed (pip install ".[cpu]")',
+)
+needs_onnxruntime = pytest.mark.skipif(
+    importlib.util.find_spec("onnxruntime") is None,
+    reason='onnxruntime is not installed (pip install ".[cpu]")',
+)
+
+
+# -- tiny models ------------------------------------------------------------------------------
+def dense_model(in_dim: int = 6, out_dim: int = 3, seed: int = 0):
+    import keras
+
+    keras.utils.set_random_seed(seed)
+    return keras.Sequential(
+        [
+            keras.Input((in_dim,)),
+            keras.layers.Dense(8, activation="relu"),
+            keras.layers.Dense(out_dim),
+        ]
+    )
+
+
+def conv_model():
+    """Conv2D -> GlobalAveragePooling -> Dense: no shape arithmetic at a free batch."""
+    import keras
+
+    keras.utils.set_random_seed(0)
+    return keras.Sequential(
+        [
+            keras.Input((12, 12, 3)),
+            keras.layers.Conv2D(8, 3, activation="relu"),
+            keras.layers.GlobalAveragePooling2D(),
+            keras.layers.Dense(4),
+        ]
+    )
+
+
+def flatten_cnn(seed: int = 0):
+    """Conv2D -> Flatten -> Dense on 8x8x1: at a free batch, Flatten's reshape needs shape
+    arithmetic at run time; at a fixed shape the converter folds it (LiteRT's two models)."""
+    import keras
+
+    keras.utils.set_random_seed(seed)
+    return keras.Sequential(
+        [
+            keras.Input((8, 8, 1)),
+            keras.layers.Conv2D(4, 3, activation="relu"),
+            keras.layers.Flatten(),
+            keras.layers.Dense(3),
+        ]
+    )
+
+
+def dict_model(seed: int = 0):
+    """Two inputs (float features, int token ids) in a dict, two outputs in a dict."""
+    import keras
+
+    keras.utils.set_random_seed(seed)
+    features = keras.Input((4,), name="features")
+    tokens = keras.Input((5,), name="tokens", dtype="int32")
+    embedded = keras.layers.Flatten()(keras.layers.Embedding(20, 3)(tokens))
+    hidden = keras.layers.Dense(8, activation="tanh")(
+        keras.layers.Concatenate()([features, embedded])
+    )
+    return keras.Model(
+        {"features": features, "tokens": tokens},
+        {
+            "score": keras.layers.Dense(1)(hidden),
+            "probs": keras.layers.Dense(3, activation="softmax")(hidden),
+        },
+    )
+
+
+def dict_sample(rng, batch: int = 4):
+    return {
+        "features": rng.standard_normal((batch, 4)).astype("float32"),
+        "tokens": rng.integers(0, 20, (batch, 5)).astype("int32"),
+    }
+
+
+# -- checks on outputs ------------------------------------------------------------------------
+def assert_matches_model(model_outputs, outputs, rtol=1e-4, atol=1e-5):
+    """Same structure, numpy leaves, values within float32 round-off of the model's."""
+    if isinstance(model_outputs, dict):
+        assert isinstance(outputs, dict) and set(outputs) == set(model_outputs)
+        for key in model_outputs:
+            assert_matches_model(model_outputs[key], outputs[key], rtol, atol)
+    elif isinstance(model_outputs, list | tuple):
+        assert isinstance(outputs, list | tuple) and len(outputs) == len(model_outputs)
+        for expected, got in zip(model_outputs, outputs):
+            assert_matches_model(expected, got, rtol, atol)
+    else:
+        assert isinstance(outputs, np.ndarray)
+        np.testing.assert_allclose(outputs, np.asarray(model_outputs), rtol=rtol, atol=atol)
+
+
+# -- what optimize() builds, outside the pipeline ---------------------------------------------
+def target_for(model, sample):
+    """The Target that optimize(model, sample) builds: what every conversion starts from."""
+    from infertune.inputs import build_signature
+    from infertune.models import load_model
+    from infertune.target import Target
+
+    source = load_model(model)
+    signature, flat = build_signature(sample, source.declared_inputs, source.default_float)
+    reference, structure = source.call_flat(signature, flat)
+    return Target(source, signature, structure, [r.dtype for r in reference])
+
+
+def prepared_backend(backend, model, sample):
+    """`backend` prepared on the Target that optimize() builds, outside the pipeline; with
+    the input signature."""
+    target = target_for(model, sample)
+    backend.prepare(target)
+    return backend, target.signature
+
+
+# -- page residency (Linux: /proc) ------------------------------------------------------------
+def mapped_resident_bytes(path: str) -> int:
+    """Resident bytes of this process's mappings of files whose path starts with `path`
+    (/proc/self/smaps; Linux)."""
+    resident, inside = 0, False
+    with open("/proc/self/smaps") as smaps:
+        for line in smaps:
+            first = line.split(maxsplit=1)[0]
+            if "-" in first and not first.endswith(":"):  # a mapping's header line
+                fields = line.split(maxsplit=5)
+                inside = len(fields) == 6 and fields[5].startswith(path)
+            elif inside and first == "Rss:":
+                resident += int(line.split()[1]) * 1024
+    return resident
+
+
+# A test of page residency runs twice: `residency` False in the unit tier (what must hold on
+# any machine: the data, the advice's reach), True in the `timing` tier (tests/conftest.py),
+# where it also reads the resident bytes back. Residency is the kernel's page cache at work,
+# which moves with its version and the machine's memory, not a value infertune returns.
+residency_tiers = pytest.mark.parametrize(
+    "residency", [False, pytest.param(True, marks=pytest.mark.timing)], ids=["data", "residency"]
+)
+
+
+def on_tmpfs(path: str) -> bool:
+    """Whether `path` lies on a tmpfs, whose pages cannot leave memory without swap."""
+    best, kind = "", ""
+    with open("/proc/mounts") as mounts:
+        for line in mounts:
+            _, point, fs_type = line.split()[:3]
+            if path.startswith(point) and len(point) > len(best):
+                best, kind = point, fs_type
+    return kind == "tmpfs"

@@ -1,0 +1,348 @@
+"""Reduced precision judged by the task: calibrated int8 and bf16 candidates on a trained tiny
+classifier, the gate (a metric on labelled data with a margin, or agreement with the model),
+layers kept in float32 where quantization breaks one, and the clear errors before any long
+work. Real training (scikit-learn's digits, bundled offline), real quantizers, real runtimes."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+from helpers import needs_litert, needs_onnxruntime, needs_openvino
+
+import infertune
+from infertune.accuracy import Accuracy, judge_agreement, judge_metric
+from infertune.errors import InputError, OptionError
+
+INT8 = ("fp32", "int8")
+
+
+@pytest.fixture(scope="module")
+def digits():
+    """The 8x8 handwritten digits in [0, 1]: 1,797 images, split for training,
+    calibration and the gate."""
+    from sklearn.datasets import load_digits
+
+    data = load_digits()
+    x = (data.images[..., None] / 16.0).astype("float32")
+    y = data.target.astype("int32")
+    return {
+        "train": (x[:1000], y[:1000]),
+        "calibration": x[1000:1200],
+        "validation": (x[1200:1600], y[1200:1600]),
+    }
+
+
+def _trained(layers, x, y, epochs=12):
+    import keras
+
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((8, 8, 1)), *layers])
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    model.compile("adam", loss)
+    model.fit(x, y, epochs=epochs, batch_size=64, verbose=0)
+    return model
+
+
+@pytest.fixture(scope="module")
+def classifier(digits):
+    """A small CNN trained to about 90% on the digits."""
+    import keras
+
+    layers = [
+        keras.layers.Conv2D(16, 3, activation="relu", name="conv_a"),
+        keras.layers.Conv2D(32, 3, activation="relu", name="conv_b"),
+        keras.layers.Flatten(),
+        keras.layers.Dense(64, activation="relu", name="hidden"),
+        keras.layers.Dense(10, name="head"),
+    ]
+    return _trained(layers, *digits["train"])
+
+
+@pytest.fixture(scope="module")
+def dense_classifier(digits):
+    """An MLP on the same digits (Dense only: what dynamic int8 is for)."""
+    import keras
+
+    layers = [
+        keras.layers.Flatten(),
+        keras.layers.Dense(128, activation="relu", name="hidden"),
+        keras.layers.Dense(10, name="head"),
+    ]
+    return _trained(layers, *digits["train"])
+
+
+def _accuracy(model, x, y) -> float:
+    return float(np.mean(np.argmax(model.predict(x, verbose=0), axis=-1) == y))
+
+
+def _by_name(opt):
+    return {c.name: c for c in opt.report.candidates}
+
+
+# -- every candidate on a trained classifier -------------------------------------------------
+@needs_onnxruntime
+@needs_openvino
+@needs_litert
+def test_each_int8_candidate_quantizes_and_passes_the_task(classifier, digits):
+    x, y = digits["validation"]
+    int8 = ["onnxruntime-cpu-int8-static", "openvino-cpu-int8", "litert-int8"]
+    opt = infertune.optimize(
+        classifier, x[:1], backends=["onnxruntime-cpu", *int8, "litert-dynamic-int8"],
+        precision=INT8, calibration=digits["calibration"],
+        accuracy=Accuracy((x, y), "accuracy", max_drop=0.02), verbose=False,
+    )  # fmt: skip
+    found = _by_name(opt)
+    reference = _accuracy(classifier, x, y)
+    assert reference > 0.8  # trained (chance is 0.1): the gate decides on a real task
+    for name in [*int8, "litert-dynamic-int8"]:
+        c = found[name]
+        assert c.status in ("ok", "selected"), f"{name}: {c.status} {c.reason}"
+        assert c.metric_drop_bound <= 0.02 and c.gate.startswith("accuracy")
+        assert c.reference_metric == pytest.approx(reference, abs=1e-9)
+        assert c.metric == pytest.approx(reference - c.metric_drop)
+        assert c.precision == "int8" and c.quantization
+    assert "reduced precision, judged by accuracy" in str(opt.report)
+    # An int8 candidate's outputs really are quantized: off the model by more than rtol.
+    assert found["onnxruntime-cpu-int8-static"].max_rel_err > 1e-3
+
+
+@needs_onnxruntime
+def test_dynamic_int8_is_kept_for_dense_models_and_skipped_for_convolutions(
+    classifier, dense_classifier, digits
+):
+    x, y = digits["validation"]
+    options = dict(backends=["onnxruntime-cpu-int8"], precision=INT8, verbose=False)
+    accuracy = Accuracy((x, y), max_drop=0.02)
+    on_dense = infertune.optimize(dense_classifier, x[:1], accuracy=accuracy, **options)
+    assert _by_name(on_dense)["onnxruntime-cpu-int8"].status in ("ok", "selected")
+    on_cnn = infertune.optimize(classifier, x[:1], accuracy=accuracy, **options)
+    skipped = _by_name(on_cnn)["onnxruntime-cpu-int8"]
+    assert skipped.status == "skipped" and "ConvInteger" in skipped.reason
+
+
+@needs_openvino
+def test_bf16_is_judged_by_agreement_without_accuracy(classifier, digits):
+    from infertune.environment import BF16_FLAGS, precision_instructions
+
+    opt = infertune.optimize(
+        classifier, digits["validation"][0][:2], backends=["openvino-cpu-bf16"],
+        precision=("fp32", "bf16"), calibration=digits["calibration"], verbose=False,
+    )  # fmt: skip
+    bf16 = _by_name(opt)["openvino-cpu-bf16"]
+    if not any(flag in precision_instructions() for flag in BF16_FLAGS):
+        assert bf16.status == "skipped" and "no bf16 units" in bf16.reason
+        return
+    assert bf16.status in ("ok", "selected"), bf16.reason
+    assert bf16.gate.startswith("agreement") and "top-1 agreement" in bf16.reason
+
+
+def test_static_int8_without_calibration_is_skipped_saying_why(classifier, digits):
+    x, y = digits["validation"]
+    opt = infertune.optimize(
+        classifier, x[:1], backends=["onnxruntime-cpu-int8-static", "litert-int8"],
+        precision=INT8, accuracy=Accuracy((x, y)), verbose=False,
+    )  # fmt: skip
+    for c in opt.report.candidates[1:]:
+        assert c.status == "skipped" and "needs calibration=" in c.reason
+
+
+# -- layers kept in float32 ------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def broken_by_one_layer(digits):
+    """The MLP with one channel of its hidden layer scaled 5000x and the head's weights for
+    it zeroed: float32 gives the same answers, but per-tensor int8 of that layer's output
+    spends its range on the huge channel and flattens the others to zero."""
+    import keras
+
+    x, y = digits["train"]
+    layers = [
+        keras.layers.Flatten(),
+        keras.layers.Dense(64, activation="relu", name="hidden"),
+        keras.layers.Dense(32, activation="relu", name="wide"),
+        keras.layers.Dense(10, name="head"),
+    ]
+    model = _trained(layers, x, y)
+    kernel, bias = model.get_layer("wide").get_weights()
+    kernel[:, 0] *= 5000.0
+    bias[0] = 5000.0
+    model.get_layer("wide").set_weights([kernel, bias])
+    head_kernel, head_bias = model.get_layer("head").get_weights()
+    head_kernel[0, :] = 0.0
+    model.get_layer("head").set_weights([head_kernel, head_bias])
+    return model
+
+
+@needs_onnxruntime
+def test_a_layer_quantization_breaks_is_kept_in_float32(broken_by_one_layer, digits):
+    x, y = digits["validation"]
+    model = broken_by_one_layer
+    # Only the model's own call competes: on a model this small int8 is no faster than
+    # ONNX Runtime in float32, which would end the search (rightly) before it passes.
+    opt = infertune.optimize(
+        model, x[:1], backends=["onnxruntime-cpu-int8-static"],
+        precision=INT8, calibration=digits["calibration"],
+        accuracy=Accuracy((x, y), max_drop=0.02), verbose=False,
+    )  # fmt: skip
+    static = _by_name(opt)["onnxruntime-cpu-int8-static"]
+    assert static.status in ("ok", "selected"), static.reason
+    kept = [k["layer"] for k in static.kept_fp32]
+    assert any("wide" in layer for layer in kept), kept
+    assert "kept in float32" in static.quantization and "wide" in static.quantization
+    assert static.metric_drop_bound <= 0.02
+    assert "kept" in str(opt.report)
+
+
+# -- the gate's rules ------------------------------------------------------------------------
+def test_the_gate_rejects_a_drop_beyond_the_budget_and_accepts_one_within():
+    rng = np.random.default_rng(0)
+    labels = rng.integers(0, 10, 1000)
+    reference = np.eye(10)[labels] + 0.01 * rng.standard_normal((1000, 10))
+    worse = reference.copy()
+    worse[:50] = np.roll(worse[:50], 1, axis=1)  # 5% of the answers wrong
+    accuracy = Accuracy((None, None), "accuracy", max_drop=0.02)
+    rejected = judge_metric(accuracy, [labels], [reference], [worse])
+    assert not rejected and rejected.drop == pytest.approx(0.05) and rejected.drop_bound > 0.05
+    lenient = judge_metric(Accuracy((None, None), max_drop=0.08), [labels], [reference], [worse])
+    # Accepted on the margin's upper end (95% bootstrap): 0.05 measured, below 0.08.
+    assert lenient and 0.05 < lenient.drop_bound < 0.08
+    relative = Accuracy((None, None), max_drop=0.04, relative=True)
+    assert not judge_metric(relative, [labels], [reference], [worse])  # 5% of 1.0
+
+
+def test_a_metric_function_may_return_scores_per_sample_or_one_number():
+    rng = np.random.default_rng(1)
+    y = rng.standard_normal((400, 3))
+    close, far = y + 0.01 * rng.standard_normal(y.shape), y + 0.5 * rng.standard_normal(y.shape)
+
+    def per_sample(y_true, y_pred):
+        return -np.mean((y_true - y_pred) ** 2, axis=1)
+
+    def one_number(y_true, y_pred):
+        return float(-np.mean((y_true - y_pred) ** 2))
+
+    for metric in (per_sample, one_number):
+        accuracy = Accuracy((None, None), metric, max_drop=0.01)
+        assert judge_metric(accuracy, [y], [y], [close])
+        assert not judge_metric(accuracy, [y], [y], [far])
+    # A named error metric knows that lower is better.
+    assert judge_metric(Accuracy((None, None), "mse", max_drop=0.01), [y], [y], [close])
+    assert not judge_metric(Accuracy((None, None), "mse", max_drop=0.01), [y], [y], [far])
+
+
+def test_the_agreement_rule_bounds_the_error_and_the_clear_decisions_flipped():
+    rng = np.random.default_rng(2)
+    logits = 10 * rng.standard_normal((300, 100))
+    assert judge_agreement([[logits]], [[logits + 1e-3]])
+    # Five rows' top two classes swapped: 98.3% of clear decisions kept, though the outputs
+    # are within 1% of the model's (a relative error bound alone would pass it).
+    flipped = logits.copy()
+    rows = np.arange(5)
+    top = np.argsort(logits[rows], axis=1)[:, -2:]
+    flipped[rows, top[:, 0]], flipped[rows, top[:, 1]] = (
+        logits[rows, top[:, 1]],
+        logits[rows, top[:, 0]],
+    )
+    verdict = judge_agreement([[logits]], [[flipped]])
+    assert not verdict and verdict.details["relative_error"] < 0.01, verdict.reason
+    # Near-ties flipped by the error itself are noise: untrained random logits pass.
+    near = rng.standard_normal((300, 10)) * 1e-3
+    assert judge_agreement([[near]], [[near + 1e-5 * rng.standard_normal(near.shape)]])
+    embedding = rng.standard_normal((4, 16, 32))
+    assert judge_agreement([[embedding]], [[embedding * 1.01]])
+    assert not judge_agreement([[embedding]], [[embedding * 1.2]])  # 20% off
+
+
+# -- bad input, before any long work ---------------------------------------------------------
+def test_bad_reduced_precision_input_is_a_clear_error(classifier, digits):
+    x, y = digits["validation"]
+    options = dict(precision=INT8, backends=["onnxruntime-cpu-int8-static"], verbose=False)
+    with pytest.raises(OptionError, match="applies to reduced-precision candidates"):
+        infertune.optimize(classifier, x[:1], calibration=x, verbose=False)
+    with pytest.raises(OptionError, match="labels of shape"):
+        infertune.optimize(classifier, x[:1], accuracy=Accuracy((x, y[:, None, None])), **options)
+    with pytest.raises(OptionError, match="one label"):
+        infertune.optimize(classifier, x[:1], accuracy=Accuracy((x, y[:10])), **options)
+    with pytest.raises(OptionError, match="NaN"):
+        nan = Accuracy((x, y), lambda t, p: np.full(len(t), np.nan))
+        infertune.optimize(classifier, x[:1], accuracy=nan, **options)
+    with pytest.raises(InputError, match="calibration"):
+        infertune.optimize(classifier, x[:1], calibration=x[:, :4], **options)
+    with pytest.raises(OptionError, match="must be one of"):
+        Accuracy((x, y), "f1")
+
+
+# -- saved without TensorFlow ----------------------------------------------------------------
+@needs_onnxruntime
+@needs_litert
+def test_an_int8_result_saved_loads_without_tensorflow(classifier, digits, tmp_path):
+    x, y = digits["validation"]
+    for name in ("onnxruntime-cpu-int8-static", "litert-int8"):
+        opt = infertune.optimize(
+            classifier, x[:1], backends=[name], precision=("int8",),
+            calibration=digits["calibration"], accuracy=Accuracy((x, y), max_drop=0.02),
+            verbose=False,
+        )  # fmt: skip
+        # Only the model's own call competes (4 ms a call against microseconds).
+        assert opt.backend == name, str(opt.report)
+        saved = opt.save(tmp_path / name)
+        np.save(tmp_path / "x.npy", x[:5])
+        np.save(tmp_path / "expected.npy", opt(x[:5]))
+        script = textwrap.dedent(
+            f"""
+            import sys, numpy as np
+            sys.modules["tensorflow"] = None  # importing it fails
+            sys.modules["keras"] = None
+            import infertune
+            opt = infertune.load({str(saved)!r})
+            got = opt(np.load({str(tmp_path / "x.npy")!r}))
+            np.testing.assert_array_equal(got, np.load({str(tmp_path / "expected.npy")!r}))
+            assert opt.backend == {name!r}
+            """
+        )
+        done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr[-2000:]
+
+
+@needs_onnxruntime
+def test_a_quantized_result_is_cached_and_exported_for_triton(classifier, digits, tmp_path):
+    x, y = digits["validation"]
+    name = "onnxruntime-cpu-int8-static"
+
+    def tuned(max_drop: float):
+        return infertune.optimize(
+            classifier, x[:1], backends=[name], precision=("int8",),
+            calibration=digits["calibration"], accuracy=Accuracy((x, y), max_drop=max_drop),
+            cache=tmp_path / "cache", verbose=False,
+        )  # fmt: skip
+
+    first = tuned(0.02)
+    assert first.backend == name and not first.report.from_cache, str(first.report)
+    again = tuned(0.02)
+    assert again.report.from_cache and again.backend == name  # checked by agreement on a hit
+    np.testing.assert_array_equal(again(x[:7]), first(x[:7]))
+    other = tuned(0.03)  # the accuracy settings are in the key
+    assert not other.report.from_cache
+    export = first.export_triton(tmp_path / "repository", "digits")
+    assert export.backend == "onnxruntime"
+    # The exported model is the quantized one: QDQ nodes in it.
+    import onnx
+
+    ops = {node.op_type for node in onnx.load(export.version_dir / "model.onnx").graph.node}
+    assert {"QuantizeLinear", "DequantizeLinear"} <= ops
+
+
+@needs_onnxruntime
+def test_a_quantized_result_is_judged_again_at_every_batch_size_it_serves(classifier, digits):
+    x, y = digits["validation"]
+    opt = infertune.optimize(
+        classifier, x[:1], backends=["onnxruntime-cpu-int8-static"], precision=INT8,
+        calibration=digits["calibration"], accuracy=Accuracy((x, y), max_drop=0.02),
+        batch_sizes=[1, 16], verbose=False,
+    )  # fmt: skip
+    static = _by_name(opt)["onnxruntime-cpu-int8-static"]
+    assert static.status in ("ok", "selected"), static.reason
+    assert "at batch size 16 too" in static.reason
