@@ -18,7 +18,12 @@ preprocessing inside, as Keras' guidance on exporting models says:
 * `image`: uint8 images resized and rescaled inside the model, then a small CNN. Keras'
   `Resizing` rounds a uint8 image back to uint8 when called eagerly and not in a traced
   graph, so this model is tuned with `reference="traced"` (what `model.predict()` computes)
-  and every error below is taken against `tf.function(model)` for it.
+  and every error below is taken against `tf.function(model)` for it;
+* `fnet`: an FNet-style text encoder, token ids through an Embedding, then two blocks of
+  Fourier mixing (the real part of `tf.signal.fft2d` over the sequence and hidden axes, on
+  a complex cast) and a feed-forward layer, each with a residual and LayerNormalization,
+  pooled into a classifier: what only the TensorFlow candidates ran before the FFT rewrite
+  (export/rewrites.py; XLA is the one to beat there).
 
 For each model, in a child process of its own (as benchmarks/zoo.py): `infertune.optimize`,
 timed, or the reason it refused the model; every candidate's fate from the report; the
@@ -305,6 +310,31 @@ class ProductionModel:
     reference: str = "eager"
 
 
+def token_ids(rng: np.random.Generator, batch: int, sizes: Sizes) -> np.ndarray:
+    return rng.integers(0, sizes.vocabulary, (batch, sizes.sequence)).astype(np.int32)
+
+
+def fnet(sizes: Sizes):
+    import keras
+    import tensorflow as tf
+    from keras import layers
+
+    class FourierMixing(layers.Layer):
+        """FNet's token mixing: the real part of the 2-D FFT over sequence and hidden axes."""
+
+        def call(self, x):
+            return tf.math.real(tf.signal.fft2d(tf.cast(x, tf.complex64)))
+
+    tokens = keras.Input((sizes.sequence,), dtype="int32", name="token_ids")
+    x = layers.Embedding(sizes.vocabulary, sizes.hidden)(tokens)
+    for _ in range(2):
+        x = layers.LayerNormalization()(x + FourierMixing()(x))
+        hidden = layers.Dense(4 * sizes.hidden, activation="gelu")(x)
+        x = layers.LayerNormalization()(x + layers.Dense(sizes.hidden)(hidden))
+    pooled = layers.GlobalAveragePooling1D()(x)
+    return keras.Model(tokens, layers.Dense(2)(pooled), name="fnet")
+
+
 MODELS: dict[str, ProductionModel] = {
     "text-classifier": ProductionModel(
         "strings: TextVectorization, Embedding, pooling", text_classifier, sentences
@@ -324,6 +354,7 @@ MODELS: dict[str, ProductionModel] = {
     "image": ProductionModel(
         "uint8 image: Resizing, Rescaling, CNN (reference: traced)", image, images, "traced"
     ),
+    "fnet": ProductionModel("token ids: Fourier mixing (FFT2D), feed-forward", fnet, token_ids),
 }
 
 

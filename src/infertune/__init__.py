@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from ._version import __version__ as __version__
 from .accuracy import Accuracy
-from .api import available_backends, load, optimize
+from .api import available_backends, load, optimize, package
 from .deploy.triton import TritonExport
 from .errors import (
     ArtifactError,
@@ -50,4 +50,5 @@ __all__ = [
     "explain",
     "load",
     "optimize",
+    "package",
 ]

@@ -11,6 +11,7 @@ import os
 import time
 import warnings
 from collections.abc import Iterable, Sequence
+from pathlib import Path
 from typing import Any
 
 from .accuracy import Accuracy
@@ -20,12 +21,19 @@ from .errors import EnvironmentMismatchError, OptionError
 from .optimized import Optimized
 from .options import DEFAULTS, Options
 from .paths import user_path
+from .pipeline.packaging import (
+    Package,
+    is_package,
+    make_package,
+    package_options,
+    tune_package,
+)
 from .pipeline.tune import load_for_tuning, read_data, tune
 from .progress import Progress
 from .resources import page_out_own_files, release_freed_memory
 from .result.saved import open_saved, restore
 
-__all__ = ["available_backends", "load", "optimize"]
+__all__ = ["available_backends", "load", "optimize", "package"]
 
 ON_MISMATCH = ("raise", "retune")
 DEFAULTS_REFERENCE = "keras-eager"  # the model's own call, always tried
@@ -33,7 +41,7 @@ DEFAULTS_REFERENCE = "keras-eager"  # the model's own call, always tried
 
 def optimize(
     model: Any,
-    sample_input: Any,
+    sample_input: Any = None,
     *,
     backends: Sequence[str | Backend] | None = DEFAULTS.backends,
     rtol: float = DEFAULTS.rtol,
@@ -56,7 +64,11 @@ def optimize(
 
     Args:
         model: a keras.Model, tf.Module or tf.function, or the path of a SavedModel
-            directory or a .keras/.h5 file.
+            directory or a .keras/.h5 file; or the directory of a package
+            (`infertune.package`), tuned here without TensorFlow or the model (no
+            sample_input then: the package holds it; only backends, time_budget_s,
+            isolation and candidate_timeout_s may be set, the package's options decide the
+            rest).
         sample_input: one batch exactly as `model(sample_input)` takes it (array, tf.Tensor,
             list/tuple or dict of them). Axis 0 is the batch.
         backends: candidate names to try (see `infertune.available_backends()`), or Backend
@@ -114,6 +126,22 @@ def optimize(
     Returns:
         An `Optimized` callable; its `.report` says what was tried and why it was chosen.
     """
+    given = dict(
+        backends=backends, rtol=rtol, atol=atol, objective=objective,
+        time_budget_s=time_budget_s, precision=precision, batch_sizes=batch_sizes,
+        latency_budget_ms=latency_budget_ms, concurrency=concurrency, isolation=isolation,
+        candidate_timeout_s=candidate_timeout_s, reference=reference, calibration=calibration,
+        accuracy=accuracy,
+    )  # fmt: skip
+    if sample_input is None and isinstance(model, str | os.PathLike) and is_package(model):
+        if cache is not None:
+            raise OptionError("cache= is not used when tuning a package yet: leave it out.")
+        return _optimize_package(user_path(model), given, verbose)
+    if sample_input is None:
+        raise OptionError(
+            "sample_input is missing: give one batch as model(sample_input) takes it (only a "
+            "package's directory is tuned without one)."
+        )
     options = Options.checked(
         backends=backends,
         rtol=rtol,
@@ -163,6 +191,50 @@ def _optimize(
     release_freed_memory()
     page_out_own_files()
     return opt
+
+
+def _optimize_package(path: Any, given: dict, verbose: bool) -> Optimized:
+    """optimize() of a package: its candidates prepared from its files, here."""
+    package = Package.read(path)
+    options = package_options(package, given)
+    with Progress(verbose) as progress:
+        choice, report = tune_package(package, options, progress)
+        return Optimized(choice, report, options.saved())
+
+
+def package(
+    model: Any,
+    sample_input: Any,
+    path: str | os.PathLike,
+    *,
+    rtol: float = DEFAULTS.rtol,
+    atol: float = DEFAULTS.atol,
+    objective: str = DEFAULTS.objective,
+    precision: Iterable[str] = DEFAULTS.precision,
+    batch_sizes: Sequence[int] | None = DEFAULTS.batch_sizes,
+    latency_budget_ms: float | None = DEFAULTS.latency_budget_ms,
+    concurrency: int = DEFAULTS.concurrency,
+    reference: str = DEFAULTS.reference,
+    calibration: Any = DEFAULTS.calibration,
+    accuracy: Accuracy | None = DEFAULTS.accuracy,
+    verbose: bool = True,
+) -> Path:
+    """Write everything tuning needs into the directory `path` (new or empty), with
+    TensorFlow, so that `infertune.optimize(path)` tunes on another machine without it: the
+    ONNX export and the TFLite conversions, the sample and the verification inputs with the
+    model's outputs on them, the calibration and labelled data with the model's outputs, the
+    options (they decide the result: set them here), and a manifest with every file's
+    sha256. Takes optimize()'s arguments (docs/api.md, "Packages"); returns the path."""
+    options = Options.checked(
+        rtol=rtol, atol=atol, objective=objective, precision=precision,
+        batch_sizes=batch_sizes, latency_budget_ms=latency_budget_ms,
+        concurrency=concurrency, reference=reference, calibration=calibration,
+        accuracy=accuracy,
+    )  # fmt: skip
+    with Progress(verbose) as progress:
+        tuning = load_for_tuning(model, sample_input, progress)
+        options = read_data(tuning, options, progress)
+        return make_package(tuning, options, user_path(path), progress)
 
 
 def available_backends() -> list[str]:

@@ -33,15 +33,33 @@ def build_parser() -> argparse.ArgumentParser:
 
     opt = verbs.add_parser(
         "optimize",
-        help="optimize a SavedModel directory or a .keras/.h5 file",
+        help="optimize a SavedModel directory, a .keras/.h5 file or a package",
         description="Optimize a saved model and print the report. Inputs come from --sample, "
         "or are drawn at random from the model's declared input shapes (dimensions the model "
-        "leaves open other than the batch must be given with --input).",
+        "leaves open other than the batch must be given with --input). A package's directory "
+        "(`infertune package`) is tuned here from its files, without TensorFlow: its inputs "
+        "and options are its own (--backends, --time-budget-s, --isolation and "
+        "--candidate-timeout-s may be set).",
     )
-    opt.add_argument("path", help="SavedModel directory or .keras/.h5 file")
+    opt.add_argument("path", help="SavedModel directory, .keras/.h5 file, or package directory")
     _input_options(opt)
     _tuning_options(opt)
     opt.set_defaults(run=_optimize)
+
+    pack = verbs.add_parser(
+        "package",
+        help="write a package of a saved model, to tune elsewhere without TensorFlow",
+        description="Write everything tuning needs into DIR with TensorFlow (the ONNX export, "
+        "the TFLite conversions, the verification inputs and the model's outputs on them, "
+        "calibration data, the options, a manifest with every file's sha256), for `infertune "
+        "optimize DIR` on the machine that serves, where TensorFlow need not be. Inputs as "
+        "for `optimize`; the options that decide the result are set here.",
+    )
+    pack.add_argument("path", help="SavedModel directory or .keras/.h5 file")
+    pack.add_argument("-o", "--out", required=True, metavar="DIR", help="the package's directory")
+    _input_options(pack)
+    _tuning_options(pack)
+    pack.set_defaults(run=_package)
 
     explain = verbs.add_parser(
         "explain",
@@ -276,8 +294,11 @@ def main(argv: list[str] | None = None) -> int:
 # -- verbs ----------------------------------------------------------------------------------
 def _optimize(args: argparse.Namespace) -> int:
     from .models import load_model
+    from .pipeline.packaging import is_package
 
     _check_before_tuning(args)
+    if is_package(user_path(args.path)):
+        return _tune_and_print(args.path, None, args)
     source = load_model(args.path)
     sample = _sample(args, source.declared_inputs)
     return _tune_and_print(source, sample, args)
@@ -311,6 +332,25 @@ def _demo(args: argparse.Namespace) -> int:
                           "does not exist.")  # fmt: skip
     model, sample = demo_model(args.model)
     return _tune_and_print(model, sample, args)
+
+
+def _package(args: argparse.Namespace) -> int:
+    import infertune
+
+    from .errors import OptionError
+    from .models import load_model
+
+    for flag, value in (("--save", args.save), ("--json", args.json), ("--cache", args.cache)):
+        if value:
+            raise OptionError(f"{flag} applies to `infertune optimize`, not to `package`.")
+    kwargs = _optimize_kwargs(args)
+    for here in ("backends", "time_budget_s", "isolation", "candidate_timeout_s"):
+        kwargs.pop(here)  # how to tune: chosen where the package is tuned
+    source = load_model(args.path)
+    sample = _sample(args, source.declared_inputs)
+    path = infertune.package(source, sample, args.out, **kwargs, verbose=not args.quiet)
+    print(f"package written to {path}: tune it with `infertune optimize {path}`")
+    return 0
 
 
 def _tune_and_print(model, sample, args: argparse.Namespace) -> int:

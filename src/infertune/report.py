@@ -57,6 +57,8 @@ class CandidateResult:
     # against the fastest exact candidate): [{"layer", "p50_ms"}].
     quantization: str | None = None
     kept_fp32: list[dict] | None = None
+    # Where it ran, as its runtime reported it (ONNX Runtime's providers, in order).
+    runs_on: str | None = None
 
     @property
     def exact_words(self) -> str:

@@ -49,6 +49,9 @@ class Target:
     # Where the size is watched (ModelSize.watched): each conversion made here, the most this
     # process held while it ran above what it held before (bytes), for the machine's record.
     memory_peaks: dict[str, int] = field(default_factory=dict, repr=False)
+    # Tuning from a package (pipeline/packaging.py): no model, its conversions preloaded,
+    # and tuning all the same (a saved result being loaded is the other case of no model).
+    from_package: bool = field(default=False, repr=False)
     # Why memory is tight for this model here (pipeline/tournament.py: the verified
     # candidates that copy its weights would pass INFERTUNE_HOLD_ALL_BYTES together), None
     # where it is not: the pipeline then holds few copies of the weights at once.
@@ -96,6 +99,16 @@ class Target:
                 if len(feeds) >= limit:
                     return feeds
         return feeds
+
+    @property
+    def loading(self) -> bool:
+        """Whether a saved result is being loaded (infertune.load): no model, and nothing to
+        decide (a candidate loads as it was chosen)."""
+        return self.source is None and not self.from_package
+
+    def assume_weights(self, weights: int) -> None:
+        """The weights' bytes as measured where the model was (a package's)."""
+        self._weights = int(weights)
 
     def size(self) -> ModelSize:
         """The model's size (its weights' bytes) and what follows from it (sizes.py)."""

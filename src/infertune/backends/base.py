@@ -112,6 +112,9 @@ class Backend(ABC):
     # docs/how-it-works.md); `exact_reason` says why, in one line.
     exact_shapes: list[tuple[int, ...]] | None = None
     exact_reason: str = ""
+    # Where the prepared candidate really runs, as its runtime reports it (ONNX Runtime's
+    # session.get_providers()): a GPU candidate that fell back to the CPU shows it here.
+    runs_on: str = ""
     # A variant worth trying only where several callers call at once (OpenVINO's THROUGHPUT
     # hint: streams one caller cannot fill): with optimize(concurrency=1) it is skipped.
     callers_only: bool = False

@@ -544,7 +544,9 @@ class LiteRTInt8(LiteRT):
     def convert(self, target: Target) -> None:
         self._fixed = None
         self.exact_shapes, self.exact_reason = None, ""
-        if self.keep and target.source is not None:
+        if self.keep and not target.loading:
+            if target.source is None:
+                raise RuntimeError("keeping TFLite layers in float32 needs the model (TensorFlow)")
             if self._own is None:
                 self._own = convert_int8(target, target.calibration, self.keep)
             self._converted = self._own

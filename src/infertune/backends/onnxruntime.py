@@ -164,6 +164,7 @@ class OnnxRuntimeCpu(Backend):
             model_bytes, self.settings.session_options(), providers=providers
         )
         used = session.get_providers()
+        self.runs_on = ", ".join(used)
         if used[0] != self.provider:  # ONNX Runtime falls back silently; a fallback is a failure
             raise RuntimeError(f"ONNX Runtime used {used[0]} instead of {self.provider}")
         return session
@@ -256,10 +257,15 @@ class OnnxRuntimeCpu(Backend):
 
     @classmethod
     def load_artifact(cls, directory: Path, settings: dict, target: Target) -> Backend:
-        backend = cls(OrtSettings(**settings["session"]))
+        backend = cls._from_settings(settings)
         cls._preload(target, read_onnx(directory, settings))
         backend.prepare(target)
         return backend
+
+    @classmethod
+    def _from_settings(cls, settings: dict) -> OnnxRuntimeCpu:
+        """The backend as save_artifact's settings describe it, not prepared yet."""
+        return cls(OrtSettings(**settings["session"]))
 
     @classmethod
     def _preload(cls, target: Target, exported: OnnxExport) -> None:
@@ -346,7 +352,7 @@ class OnnxRuntimeCpuInt8(OnnxRuntimeCpu):
         return shared(target, "onnx-int8")
 
     def convert(self, target: Target) -> None:
-        if target.source is not None:  # tuning (a saved result loads as it was chosen)
+        if not target.loading:  # tuning (a saved result loads as it was chosen)
             convolutions = _count_ops(export_onnx(target), ("Conv", "ConvTranspose"))
             if convolutions:
                 raise NotApplicable(
@@ -401,7 +407,7 @@ class OnnxRuntimeCpuInt8Static(OnnxRuntimeCpu):
 
     def model_export(self, target: Target) -> OnnxExport:
         default = self.method == "minmax" and not self.keep
-        if default or target.source is None:  # the shared one, or the saved one (loaded)
+        if default or target.loading:  # the shared one, or the saved one (loaded)
             return shared(target, "onnx-int8-static")
         if self._own is None:
             self._own = static_int8(target, self.method, self.keep)
@@ -418,7 +424,7 @@ class OnnxRuntimeCpuInt8Static(OnnxRuntimeCpu):
         return {**super().save_artifact(directory), "quantization": quantization}
 
     @classmethod
-    def load_artifact(cls, directory: Path, settings: dict, target: Target) -> Backend:
+    def _from_settings(cls, settings: dict) -> OnnxRuntimeCpuInt8Static:
         quantization = settings["quantization"]
         backend = cls(quantization["method"], tuple(quantization["keep"]))
         backend.settings = OrtSettings(**settings["session"])
@@ -426,8 +432,6 @@ class OnnxRuntimeCpuInt8Static(OnnxRuntimeCpu):
         backend.precision_note = static_settings_text(
             backend.method, backend.keep, backend.reduce_range
         )
-        cls._preload(target, read_onnx(directory, settings))
-        backend.prepare(target)
         return backend
 
     @classmethod

@@ -40,7 +40,6 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import ClosedError
-from ..export.onnx import read_onnx
 from ..gpu import (
     CUDA_EP,
     TENSORRT_EP,
@@ -183,13 +182,6 @@ class OnnxRuntimeCuda(OnnxRuntimeCpu):
 
     def save_artifact(self, directory: Path) -> dict:
         return {**super().save_artifact(directory), "cuda_graph": self.cuda_graph}
-
-    @classmethod
-    def load_artifact(cls, directory: Path, settings: dict, target: Target) -> Backend:
-        backend = cls._from_settings(settings)
-        cls._preload(target, read_onnx(directory, settings))
-        backend.prepare(target)
-        return backend
 
     @classmethod
     def _from_settings(cls, settings: dict) -> OnnxRuntimeCuda:

@@ -284,7 +284,7 @@ class OpenVinoCpuInt8(OpenVinoCpu):
         self.hint = self._hint(target)
         if self._quantized is not None:
             return
-        if not self.keep or target.source is None:  # the shared one, or the saved one
+        if not self.keep or target.loading:  # the shared one, or the saved one
             self._quantized = shared(target, "openvino-int8")
         else:
             exported = export_onnx(target)

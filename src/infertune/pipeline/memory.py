@@ -110,7 +110,7 @@ def fits_memory(state: Candidate, run: Preparation, states: list[Candidate]) -> 
     holds it once more while this process holds the others) fit in the memory left once the
     candidates admitted before it hold theirs; if not, it is `skipped` with the estimate."""
     budget, target = run.memory_budget, run.target
-    if budget is None or target.source is None:
+    if budget is None or (target.source is None and target.weights_measured is None):
         return True
     try:
         weights = target.weights_bytes()

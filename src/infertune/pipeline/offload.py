@@ -40,7 +40,9 @@ def offload(others: list[Candidate], run: Preparation) -> None:
     candidate to be tried needs (see the module's doc)."""
     source = run.target.source
     mode = tf_worker_mode()  # INFERTUNE_TF_WORKER
-    if run.isolation.mode != "process" or run.probe is None or not source.is_keras:
+    if run.isolation.mode != "process" or run.probe is None or source is None:
+        return
+    if not source.is_keras:
         return
     if mode == "never":
         return

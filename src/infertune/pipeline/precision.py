@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 __all__ = ["MAX_KEPT", "search"]
 
 MAX_KEPT = 6  # layers kept in float32 at most, one more each step
+DIVERGES = 0.05  # relative error a layer adds that counts as diverging from float32
 TIMING_S = 1.0  # the interleaved timing of a variant against the fastest exact candidate
 
 
@@ -51,12 +52,14 @@ def search(
         if verdict is None:
             return
         tried.append(f"{_settings(variant)}: {verdict}")
-    if not backend.keeps_layers or run.target.source is None:
+    if not backend.keeps_layers or run.target.loading:
         raise Mismatch(_summary(tried), failed.judgement)
-    ranking = stage(
+    errors = stage(
         state, run, "layer sensitivity", f"{state.name}: ranking its layers",
-        lambda: _ranking(run),
+        lambda: _layer_errors(run),
     )  # fmt: skip
+    ranking = sorted(errors, key=lambda scope: -errors[scope])
+    tried.append(_diverging(errors))
     rival = _fastest_exact(run)
     kept: list[str] = []
     costs: list[dict] = []
@@ -140,16 +143,32 @@ def _copy_errors(result: CandidateResult, trial: CandidateResult) -> None:
         setattr(result, key, getattr(trial, key))
 
 
-def _ranking(run: Preparation) -> list[str]:
-    """The quantized layers (name scopes), the one adding the most error first."""
+def _diverging(errors: dict[str, float]) -> str:
+    """Where quantization first diverges from float32, in words: the first layer (in the
+    graph's order) adding more than DIVERGES relative error, and the one adding the most."""
+    first = next((scope for scope, e in errors.items() if e > DIVERGES), None)
+    worst = max(errors, key=errors.get) if errors else None
+    if worst is None:
+        return "no quantized layer found to rank"
+    words = f"the layer adding the most error is {worst} ({errors[worst]:.2g} relative)"
+    if first is not None and first != worst:
+        words = f"the first layer whose int8 output diverges is {first}; " + words
+    return words
+
+
+def _layer_errors(run: Preparation) -> dict[str, float]:
+    """The error each quantized layer (name scope) adds, in the graph's order."""
     exported = export_onnx(run.target)
     try:
         quantized = shared(run.target, "onnx-int8-static")
     except Exception:  # its own quantization failed: one made here for the ranking
         quantized = static_int8(run.target)
     feeds = run.target.calibration_feeds(exported.input_names, limit=32)
-    errors = layer_errors(exported, quantized, feeds)
-    return sorted(errors, key=lambda scope: -errors[scope])
+    try:
+        return layer_errors(exported, quantized, feeds)
+    except Exception as exc:  # no ranking: no layer is kept (said in the reason)
+        run.progress.say(f"its layers could not be ranked: {one_line(exc)}")
+        return {}
 
 
 def _fastest_exact(run: Preparation) -> Any | None:

@@ -49,7 +49,7 @@ TOURNAMENT_S = 2.0
 def memory_tight(others: list[Candidate], run: Preparation) -> str | None:
     """Why memory is tight for the model here (the candidates that copy its weights would
     hold more than INFERTUNE_HOLD_ALL_BYTES at once), or None."""
-    if run.target.source is None:
+    if run.target.source is None and run.target.weights_measured is None:
         return None
     try:
         weights = run.target.weights_bytes()

@@ -135,7 +135,7 @@ def _tune(
     backends = candidates(source, options, split, unsplit if signature.strings else None)
     dtypes = [ref.dtype for ref in reference]
     target = Target(source, signature, structure, dtypes, options.objective, options.concurrency)
-    reference, versus, call = _reference_kind(target, sample, reference, options, progress)
+    reference, versus, call = reference_kind(target, sample, reference, options, progress)
     target.output_dtypes = [ref.dtype for ref in reference]
     with progress.timed("verification inputs"):
         checks, call_s = verification_inputs(
@@ -273,7 +273,7 @@ def _memory(memory: MemoryPeak, target: Target, progress: Progress) -> dict | No
     return held
 
 
-def _reference_kind(
+def reference_kind(
     target: Target,
     sample: list[np.ndarray],
     eager: list[np.ndarray],

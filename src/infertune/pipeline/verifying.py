@@ -80,6 +80,7 @@ def first_call_and_verify(
         lambda: isolation.call(lambda: backend.run(checks[0].inputs), deadline, "first call"),
     )
     result.first_call_ms = 1e3 * (time.perf_counter() - start)
+    result.runs_on = backend.runs_on or None
 
     reduced = backend.precision != "fp32"
     # A reduced-precision candidate's errors are measured, not judged, by rtol/atol.

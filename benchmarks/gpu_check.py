@@ -1,0 +1,145 @@
+"""The GPU check: packages made on a CPU machine, tuned on a GPU host without TensorFlow.
+
+Two steps (docs/gpu.md gives the whole command):
+
+    python benchmarks/gpu_check.py prepare --out gpu-check     # CPU machine, with TensorFlow
+    python3 benchmarks/gpu_check.py run --packages gpu-check/packages --out summary.json
+                                                               # GPU host, no TensorFlow
+
+`prepare` writes infertune's wheel and three packages (infertune.package), each under 50 MB
+so that each crosses an air gap in one transfer: the demo's small CNN (batch 1), MobileNetV2
+at 224 (random weights, batch 1) and the demo's transformer encoder; then it says how to bring
+onnxruntime-gpu's wheel (about 255 MB) in parts of at most 60 MB.
+
+`run`, on the GPU host (Python 3.12, the NVIDIA driver, CUDA 13 and cuDNN as Python packages,
+no TensorFlow, no package index): tunes each package with the GPU candidates and the CPU ones
+that are installed, and writes a JSON summary: per package and candidate its status and
+reason, the provider it really ran on (ONNX Runtime's `session.get_providers()`: a CUDA
+candidate that fell back to the CPU is `failed`, saying so), its error against the model's
+stored outputs, p50/p99 latency (every timed call ends with its outputs on the host), and the
+chosen one. It imports no TensorFlow (checked: it refuses to run where TensorFlow was
+imported).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+GPU_CANDIDATES = (
+    "onnxruntime-cuda", "onnxruntime-cuda:graph", "onnxruntime-tensorrt",
+    "onnxruntime-tensorrt-fp16", "tensorrt", "tensorrt-fp16",
+)  # fmt: skip
+CPU_CANDIDATES = ("onnxruntime-cpu", "openvino-cpu", "litert")
+MAX_PACKAGE_MB = 50
+PART_MB = 60
+
+
+def prepare(out: Path) -> None:
+    """The wheel and the packages, on a CPU machine with TensorFlow."""
+    import keras
+    import numpy as np
+
+    import infertune
+    from infertune.demo import demo_model
+
+    out.mkdir(parents=True, exist_ok=True)
+    wheels = out / "wheels"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(wheels), str(ROOT)],
+        check=True,
+    )
+    rng = np.random.default_rng(0)
+    models = {
+        "small-cnn": demo_model("small-cnn"),
+        "transformer": demo_model("transformer"),
+        "mobilenet-v2-224": (
+            keras.applications.MobileNetV2(weights=None, input_shape=(224, 224, 3)),
+            rng.random((1, 224, 224, 3), dtype=np.float32),
+        ),
+    }
+    for name, (model, sample) in models.items():
+        path = out / "packages" / name
+        start = time.perf_counter()
+        infertune.package(model, sample, path, precision=("fp32", "fp16"), verbose=False)
+        size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) / 1e6
+        print(f"{name}: {size:.1f} MB in {time.perf_counter() - start:.0f} s")
+        if size > MAX_PACKAGE_MB:
+            raise SystemExit(f"{name}'s package is {size:.0f} MB, over {MAX_PACKAGE_MB} MB")
+    print(
+        f"\nonnxruntime-gpu for the GPU host (CUDA 13 build, cp312):\n"
+        f"  pip download --no-deps --only-binary=:all: --python-version 3.12 "
+        f"'onnxruntime-gpu==1.31.1' -d {wheels}\n"
+        f"  split -b {PART_MB}M {wheels}/onnxruntime_gpu-*.whl {wheels}/onnxruntime_gpu.part-\n"
+        f"then bring {out} across in parts of at most {PART_MB} MB (docs/gpu.md)."
+    )
+
+
+def run(packages: Path, out: Path) -> None:
+    """Every package tuned on this (GPU) host; the summary written to `out`."""
+    import infertune
+
+    summary: dict = {"host": {}, "packages": {}}
+    from infertune.environment import collect_environment
+
+    environment = collect_environment()
+    summary["host"] = {
+        "gpus": environment.get("gpu_devices"),
+        "cpu": environment.get("cpu", {}).get("model"),
+        "packages": {k: v for k, v in environment.get("packages", {}).items() if v},
+    }
+    for path in sorted(p for p in packages.iterdir() if p.is_dir()):
+        start = time.perf_counter()
+        try:
+            opt = infertune.optimize(
+                path, backends=[*GPU_CANDIDATES, *CPU_CANDIDATES], verbose=False
+            )
+        except Exception as exc:  # one package's failure is its entry, the others go on
+            summary["packages"][path.name] = {"error": f"{type(exc).__name__}: {exc}"}
+            continue
+        summary["packages"][path.name] = {
+            "tuning_s": round(time.perf_counter() - start, 1),
+            "chosen": opt.backend,
+            "candidates": [
+                {
+                    "name": c.name,
+                    "status": c.status,
+                    "reason": c.reason,
+                    "runs_on": c.runs_on,
+                    "max_rel_err": c.max_rel_err,
+                    "p50_ms": c.p50,
+                    "p99_ms": c.p99,
+                }
+                for c in opt.report.candidates
+            ],
+        }
+        opt.close()
+        print(f"{path.name}: chose {opt.backend} in {time.perf_counter() - start:.0f} s")
+    if "tensorflow" in sys.modules and sys.modules["tensorflow"] is not None:
+        raise SystemExit("TensorFlow was imported: the check must run without it")
+    out.write_text(json.dumps(summary, indent=1, default=str))
+    print(f"summary written to {out}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    verbs = parser.add_subparsers(dest="verb", required=True)
+    make = verbs.add_parser("prepare", help="on a CPU machine with TensorFlow")
+    make.add_argument("--out", type=Path, default=Path("gpu-check"))
+    tune = verbs.add_parser("run", help="on the GPU host, without TensorFlow")
+    tune.add_argument("--packages", type=Path, required=True)
+    tune.add_argument("--out", type=Path, default=Path("summary.json"))
+    args = parser.parse_args()
+    if args.verb == "prepare":
+        prepare(args.out)
+    else:
+        run(args.packages, args.out)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,530 @@
+"""A package: everything tuning needs, made once with TensorFlow where the model is, and tuned
+on the machine that serves (another CPU, a GPU) without TensorFlow, Keras or the model.
+
+`make_package` (with TensorFlow) writes a directory:
+
+    manifest.json        format and version, infertune's version, the model's description,
+                         the input and output signatures, the options that decide the result,
+                         the weights' bytes, what planning needs (the arithmetic, op types,
+                         trace and call times), each conversion's files and settings (or why
+                         it failed), what needs TensorFlow on the target (a split model),
+                         the environment it was made in, and the sha256 of every other file
+    onnx/                the ONNX export (model.onnx, model.onnx.data past 2 GB)
+    tflite/, tflite-fixed/, tflite-int8/, tflite-dynamic-int8/
+                         the TFLite conversions (the int8 ones where int8 is allowed)
+    data/checks.npz      the sample and the verification inputs, and the model's outputs on
+                         each: what every candidate is verified against
+    data/calibration.npz the calibration inputs and the model's outputs on them
+    data/accuracy.npz    the labelled data and the model's predictions on it
+
+Every quantization that needs no TensorFlow (ONNX Runtime's static int8, NNCF's int8 for
+OpenVINO) is made on the target, from the stored export and calibration inputs: where it
+runs. `tune_package` runs the pipeline's stages from these files: the candidates that need
+the model (its own call, tf.function, XLA) are `unavailable` with that reason; the others
+are prepared from the stored conversions, verified against the stored outputs with the same
+rule as optimize(), measured and selected as there. A package refuses to be read when a file
+differs from its manifest, or when its format is newer than this infertune's.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .._version import __version__
+from ..accuracy import METRICS, Accuracy
+from ..backends import BACKENDS, Backend
+from ..datasets import LabelledBatch
+from ..environment import collect_environment
+from ..errors import ArtifactError, ModelError, OptionError, one_line
+from ..export.onnx import read_onnx, write_onnx
+from ..export.registry import shared
+from ..export.tflite import Converted
+from ..inputs import InputSignature
+from ..options import DEFAULTS, Options
+from ..outputs import OutputSignature
+from ..progress import Progress
+from ..report import Report
+from ..result.choice import Choice
+from ..structure import Structure
+from ..target import Target
+from .budget import Budget
+from .context import Preparation
+from .gate import PrecisionData, precision_data
+from .isolation import Isolation
+from .measuring import close_quietly, measure_batches
+from .planning import Probe
+from .preparing import prepare_all
+from .reference import (
+    Check,
+    output_signature,
+    probe,
+    reference_outputs,
+    tuned_batch_sizes,
+    verification_inputs,
+)
+from .selection import choose
+from .tune import Model, reference_kind
+
+__all__ = ["FORMAT", "FORMAT_VERSION", "Package", "is_package", "make_package", "tune_package"]
+
+FORMAT = "infertune-package"
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+# The TFLite conversions a package carries (the int8 ones where int8 is allowed).
+_TFLITE = ("tflite", "tflite-fixed")
+_TFLITE_INT8 = ("tflite-int8", "tflite-dynamic-int8")
+# Options a package's tuning may set (how to tune here); the others decide the result and
+# are the package's.
+TUNING_HERE = ("backends", "time_budget_s", "isolation", "candidate_timeout_s")
+
+
+# -- making one (with TensorFlow) ------------------------------------------------------------
+def make_package(model: Model, options: Options, path: Path, progress: Progress) -> Path:
+    """Write the package of `model` (loaded, its data read) tuned with `options` to `path`
+    (new or an empty directory)."""
+    from ..result.saved import check_target
+    from ..splitting import find_split
+
+    if options.accuracy is not None and not isinstance(options.accuracy.metric, str):
+        raise OptionError(
+            f"a package keeps a named metric only ({', '.join(METRICS)}): a function cannot "
+            f"be stored. Received: metric={options.accuracy.name!r}."
+        )
+    check_target(path)
+    source, signature, sample = model.source, model.signature, model.sample
+    batch_sizes = tuned_batch_sizes(options.batch_sizes, signature)
+    with progress.timed("reference", text="computing reference outputs"):
+        reference, structure, _ = reference_outputs(source, signature, sample)
+    dtypes = [r.dtype for r in reference]
+    target = Target(source, signature, structure, dtypes, options.objective, options.concurrency)
+    reference, _, call = reference_kind(target, sample, reference, options, progress)
+    target.output_dtypes = [r.dtype for r in reference]
+    with progress.timed("verification inputs"):
+        checks, call_s = verification_inputs(
+            source, signature, sample, reference, progress, batch_sizes, call
+        )
+    outputs = output_signature(structure, signature, checks)
+    with progress.timed("FLOP count", text="counting the model's arithmetic (one trace of it)"):
+        planned = probe(source, signature, sample, checks, call_s, None)
+    needs_tensorflow = None
+    if signature.strings:
+        needs_tensorflow = "the model takes strings, which only TensorFlow runs"
+    else:
+        split, _ = find_split(source, signature, sample)
+        if split is not None:
+            needs_tensorflow = f"the model is {split.describe()}: its head runs in TensorFlow"
+    reference_call = call or (lambda flat: source.call_flat(signature, flat)[0])
+    data = precision_data(
+        model.calibration, options.accuracy, model.labelled, outputs, reference_call
+    )
+    path.mkdir(parents=True, exist_ok=True)
+    try:
+        conversions = _write_conversions(target, options, path, progress, model.calibration)
+        _write_arrays(path / "data" / "checks.npz", _check_arrays(checks))
+        if data.calibration:
+            arrays = _batches_arrays("in", data.calibration) | _batches_arrays(
+                "ref", data.calibration_reference
+            )
+            _write_arrays(path / "data" / "calibration.npz", arrays)
+        if data.labelled:
+            arrays = {f"label_{i}": b.labels for i, b in enumerate(data.labelled)}
+            arrays |= _batches_arrays("in", [b.inputs for b in data.labelled])
+            arrays |= {f"pred_{i}": p for i, p in enumerate(data.predictions)}
+            _write_arrays(path / "data" / "accuracy.npz", arrays)
+        manifest = {
+            "format": FORMAT,
+            "format_version": FORMAT_VERSION,
+            "infertune": __version__,
+            "made_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "model": source.description,
+            "inputs": signature.to_dict(),
+            "structure": structure.to_dict(),
+            "dtypes": [np.dtype(d).str for d in target.output_dtypes],
+            "outputs": outputs.to_dict(),
+            "options": options.saved(),
+            "accuracy_output": data.output if data.accuracy is not None else None,
+            "weights_bytes": target.weights_bytes(),
+            "probe": {
+                "flops": planned.flops,
+                "flops_note": planned.flops_note,
+                "op_types": dict(planned.op_types),
+                "trace_s": planned.trace_s,
+                "call_s": planned.call_s,
+                "checks": planned.checks,
+            },  # fmt: skip
+            "checks": [c.label for c in checks],
+            "conversions": conversions,
+            "needs_tensorflow": needs_tensorflow,
+            "environment": collect_environment(),
+        }
+        manifest["files"] = _hash_files(path)
+        (path / MANIFEST).write_text(json.dumps(manifest, indent=1, default=str))
+    except BaseException:
+        shutil.rmtree(path, ignore_errors=True)
+        raise
+    progress.say(f"package written to {path}")
+    return path
+
+
+def _write_conversions(
+    target: Target, options: Options, path: Path, progress: Progress, calibration: Any
+) -> dict:
+    """Each conversion that needs TensorFlow, written under its key (or why it failed)."""
+    keys = ["onnx", *_TFLITE]
+    if "int8" in options.precision:
+        keys += [k for k in _TFLITE_INT8 if k != "tflite-int8" or calibration]
+    written: dict[str, dict] = {}
+    for key in keys:
+        try:
+            with progress.timed(f"package: {key}", text=f"converting: {key}"):
+                value = shared(target, key)
+        except Exception as exc:  # the candidates that need it are failed there, saying why
+            written[key] = {"failed": one_line(exc)}
+            continue
+        directory = path / key
+        directory.mkdir()
+        if value is None:  # tflite-fixed: the free conversion serves the sample's shapes
+            written[key] = {"none": True}
+        elif key == "onnx":
+            written[key] = {**write_onnx(directory, value, value), "width": value.parallel_width}
+        else:
+            value.write(directory / "model.tflite")
+            written[key] = {
+                "file": "model.tflite",
+                "output_names": list(value.output_names),
+                "rewrites": list(value.rewrites),
+            }
+    return written
+
+
+def _check_arrays(checks: list[Check]) -> dict[str, np.ndarray]:
+    arrays: dict[str, np.ndarray] = {}
+    for i, check in enumerate(checks):
+        arrays |= {f"in_{i}_{j}": a for j, a in enumerate(check.inputs)}
+        arrays |= {f"ref_{i}_{j}": a for j, a in enumerate(check.reference)}
+    return arrays
+
+
+def _batches_arrays(prefix: str, batches: list[list[np.ndarray]]) -> dict[str, np.ndarray]:
+    return {f"{prefix}_{i}_{j}": a for i, batch in enumerate(batches) for j, a in enumerate(batch)}
+
+
+def _write_arrays(file: Path, arrays: dict[str, np.ndarray]) -> None:
+    file.parent.mkdir(exist_ok=True)
+    np.savez(file, **arrays)
+
+
+def _hash_files(path: Path) -> dict[str, str]:
+    return {
+        str(file.relative_to(path)): _sha256(file)
+        for file in sorted(path.rglob("*"))
+        if file.is_file() and file.name != MANIFEST
+    }
+
+
+def _sha256(file: Path) -> str:
+    digest = hashlib.sha256()
+    with open(file, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+# -- reading one (without TensorFlow) ------------------------------------------------------
+def is_package(path: Any) -> bool:
+    """Whether `path` is a package's directory (its manifest names the format)."""
+    try:
+        manifest = Path(path) / MANIFEST
+        return manifest.is_file() and json.loads(manifest.read_text()).get("format") == FORMAT
+    except (OSError, ValueError, TypeError):
+        return False
+
+
+@dataclass
+class Package:
+    """A package read and checked: its manifest and directory."""
+
+    path: Path
+    manifest: dict
+
+    @classmethod
+    def read(cls, path: Path) -> Package:
+        """The package at `path`; ArtifactError where it is not one, was changed, or was
+        written by a newer infertune."""
+        try:
+            manifest = json.loads((path / MANIFEST).read_text())
+        except (OSError, ValueError) as exc:
+            raise ArtifactError(f"'{path}' is not an infertune package: {one_line(exc)}") from exc
+        if manifest.get("format") != FORMAT:
+            raise ArtifactError(f"'{path}' is not an infertune package (no {FORMAT} manifest).")
+        version = manifest.get("format_version")
+        if not isinstance(version, int) or version > FORMAT_VERSION:
+            raise ArtifactError(
+                f"The package '{path}' has format version {version}, newer than this "
+                f"infertune's ({FORMAT_VERSION}, infertune {__version__}): upgrade infertune "
+                f"where it is tuned (it was made by infertune {manifest.get('infertune')})."
+            )
+        files = manifest.get("files", {})
+        found = _hash_files(path)
+        changed = sorted(n for n in files if found.get(n) != files[n])
+        added = sorted(set(found) - set(files))
+        if changed or added:
+            what = "; ".join(
+                part for part in (
+                    f"changed or missing: {', '.join(changed[:5])}" if changed else "",
+                    f"not in its manifest: {', '.join(added[:5])}" if added else "",
+                ) if part
+            )  # fmt: skip
+            raise ArtifactError(f"The package '{path}' differs from its manifest ({what}).")
+        return cls(path, manifest)
+
+    @property
+    def signature(self) -> InputSignature:
+        return InputSignature.from_dict(self.manifest["inputs"])
+
+    def arrays(self, name: str) -> dict[str, np.ndarray]:
+        file = self.path / "data" / f"{name}.npz"
+        if not file.is_file():
+            return {}
+        with np.load(file, allow_pickle=False) as data:
+            return {key: data[key] for key in data.files}
+
+    def checks(self) -> list[Check]:
+        arrays = self.arrays("checks")
+        labels = self.manifest["checks"]
+        return [
+            Check(label, _indexed(arrays, f"in_{i}"), _indexed(arrays, f"ref_{i}"))
+            for i, label in enumerate(labels)
+        ]
+
+    def precision(self, options: Options) -> PrecisionData:
+        """What the gate judges reduced precision by, from the stored data."""
+        data = PrecisionData(accuracy=options.accuracy)
+        calibration = self.arrays("calibration")
+        count = _count(calibration, "in")
+        data.calibration = [_indexed(calibration, f"in_{i}") for i in range(count)]
+        data.calibration_reference = [_indexed(calibration, f"ref_{i}") for i in range(count)]
+        labelled = self.arrays("accuracy")
+        if options.accuracy is not None and labelled:
+            count = _count(labelled, "in")
+            data.labelled = [
+                LabelledBatch(_indexed(labelled, f"in_{i}"), labelled[f"label_{i}"])
+                for i in range(count)
+            ]
+            data.predictions = [labelled[f"pred_{i}"] for i in range(count)]
+            data.output = self.manifest["accuracy_output"] or 0
+        return data
+
+    def target(self, options: Options) -> Target:
+        """The Target the candidates are prepared on: no model, the conversions preloaded."""
+        manifest = self.manifest
+        target = Target(
+            None,
+            self.signature,
+            Structure.from_dict(manifest["structure"]),
+            [np.dtype(d) for d in manifest["dtypes"]],
+            options.objective,
+            options.concurrency,
+        )
+        target.from_package = True
+        target.assume_weights(int(manifest["weights_bytes"]))
+        for key, settings in manifest["conversions"].items():
+            directory = self.path / key
+            if "failed" in settings:
+                target.preload_failure(key, settings["failed"])
+            elif settings.get("none"):
+                target.preload(key, None)
+            elif key == "onnx":
+                exported = read_onnx(directory, settings)
+                object.__setattr__(exported, "parallel_width", settings.get("width"))
+                target.preload(key, exported)
+            else:
+                content = (directory / settings["file"]).read_bytes()
+                names, rewrites = tuple(settings["output_names"]), tuple(settings["rewrites"])
+                target.preload(key, Converted(content, names, rewrites))
+        for key in (*_TFLITE, *_TFLITE_INT8):
+            if key not in manifest["conversions"]:
+                target.preload_failure(key, "not in the package (int8 was not allowed there)")
+        return target
+
+
+def _indexed(arrays: dict[str, np.ndarray], prefix: str) -> list[np.ndarray]:
+    found = []
+    while f"{prefix}_{len(found)}" in arrays:
+        found.append(arrays[f"{prefix}_{len(found)}"])
+    return found
+
+
+def _count(arrays: dict[str, np.ndarray], prefix: str) -> int:
+    count = 0
+    while f"{prefix}_{count}_0" in arrays:
+        count += 1
+    return count
+
+
+# -- tuning one ------------------------------------------------------------------------------
+class NeedsModel(Backend):
+    """A candidate that needs the model itself (its own call, tf.function, XLA), where only
+    its conversions are here: `unavailable`, saying so."""
+
+    name = "needs-model"
+
+    def __init__(self, name: str, precision: str = "fp32"):
+        self.name, self.precision = name, precision
+
+    def available(self) -> str | None:
+        return (
+            "needs the model and TensorFlow: a package carries the model's conversions, not "
+            "the model (tune with optimize(model, x) where they are)"
+        )
+
+    def prepare(self, target: Target) -> None:
+        raise RuntimeError(self.available())
+
+    def run(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
+        raise RuntimeError(self.available())
+
+
+def package_options(package: Package, given: dict) -> Options:
+    """The package's options, with those that say how to tune here (TUNING_HERE) taken from
+    `given`; OptionError for a given option that decides the result and differs."""
+    stored = package.manifest["options"]
+    values = Options.from_saved(stored)
+    accuracy_settings = stored.get("accuracy")
+    accuracy = None
+    if accuracy_settings is not None:
+        accuracy = Accuracy(
+            data=None,
+            metric=accuracy_settings["metric"],
+            max_drop=accuracy_settings["max_drop"],
+            relative=accuracy_settings["relative"],
+            higher_is_better=accuracy_settings["higher_is_better"],
+            output=accuracy_settings["output"],
+        )
+    for name, value in given.items():
+        if name in TUNING_HERE:
+            continue
+        if value != getattr(DEFAULTS, name) and value != getattr(values, name):
+            raise OptionError(
+                f"{name}={value!r} decides the result, and the package was made with "
+                f"{name}={getattr(values, name)!r}: make the package with it "
+                f"(infertune.package(..., {name}=...)). Here only {', '.join(TUNING_HERE)} "
+                f"may be set."
+            )
+    here = {name: given[name] for name in TUNING_HERE if name in given}
+    checked = Options.checked(
+        **{n: getattr(values, n) for n in ("rtol", "atol", "objective", "precision")},
+        batch_sizes=values.batch_sizes,
+        latency_budget_ms=values.latency_budget_ms,
+        concurrency=values.concurrency,
+        reference=values.reference,
+        **here,
+    )
+    return _with(checked, accuracy=accuracy, data_digest=stored.get("data"))
+
+
+def _with(options: Options, **fields: Any) -> Options:
+    import dataclasses
+
+    return dataclasses.replace(options, **fields)
+
+
+def tune_package(package: Package, options: Options, progress: Progress) -> tuple[Choice, Report]:
+    """The pipeline's stages from a package: prepare, verify (against the stored outputs),
+    measure and select every candidate that runs from its files here."""
+    manifest = package.manifest
+    if manifest.get("needs_tensorflow"):
+        raise ModelError(
+            f"This package needs TensorFlow where it is tuned ({manifest['needs_tensorflow']}): "
+            f"tune the model itself with optimize(model, x) there."
+        )
+    signature = package.signature
+    sample_checks = package.checks()
+    sample = sample_checks[0].inputs
+    outputs = OutputSignature.from_dict(manifest["outputs"])
+    target = package.target(options)
+    precision = package.precision(options)
+    target.calibration = precision.calibration or None
+    precision.batch_sizes = [n for n in options.batch_sizes or [] if n != signature.sample_batch]
+    stored = manifest["probe"]
+    from collections import Counter
+
+    planned = Probe(
+        stored["flops"], stored["flops_note"], Counter(stored["op_types"]), stored["trace_s"],
+        stored["call_s"], stored["checks"],
+    )  # fmt: skip
+    with progress.timed("environment"):
+        environment = collect_environment()
+    budget = Budget(options.time_budget_s, options.deadline)
+    isolation = Isolation(options.isolation, options.candidate_timeout_s)
+    run = Preparation(target, sample_checks, options, progress, isolation, budget, planned, None)
+    run.precision = precision
+    backends: list[Backend] = [NeedsModel("keras-eager")]
+    wanted = list(BACKENDS) if options.backends is None else list(options.backends)
+    for name in wanted:
+        backend = name if isinstance(name, Backend) else BACKENDS[name]()
+        if not backend.conversions and not isinstance(name, Backend):
+            backend = NeedsModel(backend.name, backend.precision)
+        backends.append(backend)
+    try:
+        prepared = prepare_all(backends, run)
+    finally:
+        isolation.close()
+    results, contenders = prepared.results, prepared.contenders
+    if not contenders:
+        raise ModelError(
+            "No candidate could run from the package here: "
+            + "; ".join(f"{r.name}: {r.status} ({r.reason})" for r in results[1:] if r.reason)
+        )
+    batch_sizes = sorted({*(options.batch_sizes or ()), signature.sample_batch})
+    by_batch = measure_batches(
+        contenders, sample, results, signature, batch_sizes if options.batch_sizes else None,
+        options, progress, budget, prepared.call_estimates,
+    )  # fmt: skip
+    selection = choose(
+        results, contenders, by_batch, options, signature, outputs,
+        batch_sizes if options.batch_sizes else None,
+    )  # fmt: skip
+    choice = selection.choice
+    kept = {id(b) for b in choice.backends}
+    for backend in contenders.values():
+        if id(backend) not in kept:
+            close_quietly(backend)
+    progress.times.total_s = progress.elapsed()
+    notes = [
+        f"tuned from the package '{package.path}' (made {manifest['made_at']} by infertune "
+        f"{manifest['infertune']}, on {manifest['environment'].get('cpu', {}).get('model')}); "
+        f"verified against the model's outputs stored there on {len(sample_checks)} inputs: "
+        + ", ".join(c.label for c in sample_checks),
+        precision.rule if any(r.gate for r in results) else "",
+    ]
+    report = Report(
+        model=f"{manifest['model']} (package)",
+        signature=signature.describe(),
+        batch_size=signature.sample_batch,
+        objective=options.objective,
+        rtol=options.rtol,
+        atol=options.atol,
+        candidates=results,
+        environment=environment,
+        selected=choice.selected.name,
+        selection_reason=selection.reason,
+        total_s=progress.times.total_s,
+        notes=[n for n in notes if n],
+        diagnosis=None,
+        batches=selection.batches,
+        latency_budget_ms=options.latency_budget_ms,
+        stages=progress.times,
+        general_backend=choice.general.name if choice.exact_shape else None,
+        general_reason=selection.general_reason,
+    )
+    progress.say(f"selected {choice.selected.name}: {selection.reason}")
+    return choice, report
