@@ -346,3 +346,21 @@ def test_a_quantized_result_is_judged_again_at_every_batch_size_it_serves(classi
     static = _by_name(opt)["onnxruntime-cpu-int8-static"]
     assert static.status in ("ok", "selected"), static.reason
     assert "at batch size 16 too" in static.reason
+
+
+def test_calibration_data_is_taken_in_every_form(digits):
+    import tensorflow as tf
+
+    from infertune.datasets import calibration_batches
+    from infertune.inputs import build_signature
+
+    x = digits["calibration"]
+    signature, _ = build_signature(x[:1], None, np.dtype("float32"))
+    as_array = calibration_batches(x, signature)
+    as_list = calibration_batches([x[:50], x[50:120], x[120:]], signature)  # batches
+    as_dataset = calibration_batches(tf.data.Dataset.from_tensor_slices(x).batch(64), signature)
+    as_generator = calibration_batches((x[i : i + 10] for i in range(0, 200, 10)), signature)
+    for batches in (as_array, as_list, as_dataset, as_generator):
+        np.testing.assert_array_equal(np.concatenate([b[0] for b in batches]), x)
+    capped = calibration_batches(np.concatenate([x, x, x]), signature)
+    assert sum(len(b[0]) for b in capped) == 512  # at most what calibration needs

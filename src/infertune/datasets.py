@@ -43,7 +43,7 @@ def calibration_batches(
     """`calibration=` as flat input batches checked against the signature (InputError naming
     the input otherwise), at most `max_samples` samples in all."""
     batches, count = [], 0
-    for batch in _batches(data, "calibration"):
+    for batch in _batches(data, "calibration", len(signature.specs)):
         flat = _flat(signature, batch, "calibration")
         batches.append(flat)
         count += _batch_size(flat)
@@ -59,7 +59,7 @@ def labelled_batches(
 ) -> list[LabelledBatch]:
     """`Accuracy(data=...)` as labelled batches: flat inputs checked against the signature,
     labels with as many rows as the inputs (OptionError otherwise)."""
-    pairs = [data] if _is_pair(data) else _batches(data, "Accuracy(data=...)")
+    pairs = [data] if _is_pair(data) else _batches(data, "Accuracy(data=...)", 0)
     batches, count = [], 0
     for pair in pairs:
         if not _is_pair(pair):
@@ -95,8 +95,10 @@ def _is_pair(value: Any) -> bool:
     return isinstance(value, tuple) and len(value) == 2
 
 
-def _batches(data: Any, what: str) -> Iterable[Any]:
-    """The batches of a dataset or iterable; one batch where `data` is one."""
+def _batches(data: Any, what: str, inputs: int) -> Iterable[Any]:
+    """The batches of a dataset or iterable; one batch where `data` is one. A list of
+    arrays is one batch of a model of that many inputs (`inputs`), else a list of batches
+    (of a single-input model: what a calibration set split in batches is)."""
     if data is None:
         raise OptionError(f"{what} is None.")
     if _is_dataset(data):
@@ -104,7 +106,8 @@ def _batches(data: Any, what: str) -> Iterable[Any]:
     if isinstance(data, np.ndarray | dict) or callable(getattr(data, "numpy", None)):
         return [data]
     if isinstance(data, list) and data and not isinstance(data[0], list | tuple | dict):
-        return [data]  # a list of arrays: one batch of a list-input model
+        if inputs > 1 and len(data) == inputs:
+            return [data]  # one batch of a list-input model
     if isinstance(data, Iterable) and not isinstance(data, str | bytes):
         return data
     raise OptionError(

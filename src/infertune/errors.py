@@ -81,7 +81,11 @@ def closed_call(message: str) -> Callable[..., NoReturn]:
 
 
 def one_line(exc: BaseException, limit: int = 240) -> str:
-    """`TypeName: first line of the message`, cut to `limit` characters, for a report."""
+    """`TypeName: first line of the message`, cut to `limit` characters, for a report; a
+    first line that only announces the next ("Exception from src/inference/...:", as
+    OpenVINO's errors begin) takes the next line with it, which says what went wrong."""
     lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
+    if len(lines) > 1 and lines[0].endswith(":"):
+        lines[0] = f"{lines[0]} {lines[1]}"
     text = f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
     return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -11,13 +11,20 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import io
 import os
 import re
 import sys
 import tempfile
+import threading
 from collections.abc import Iterator
 
-__all__ = ["import_tensorflow", "quiet_tensorflow_logs", "stderr_without"]
+__all__ = ["import_tensorflow", "quiet_tensorflow_logs", "stderr_without", "stdout_silenced"]
+
+# One redirection of the process's stdout or stderr at a time: each saves what it finds and
+# puts it back at the end, so two in threads at once would each put back the other's (a
+# quantizer's stdout left on a StringIO for good, every print after it lost).
+_OUTPUT_LOCK = threading.RLock()
 
 # TensorFlow's lines before absl's logging is initialized (TF_CPP_MIN_LOG_LEVEL does not reach
 # them): absl's notice, oneDNN's, the CUDA stub's, the CPU feature guard's.
@@ -53,10 +60,10 @@ def stderr_without(unwanted: re.Pattern[bytes]) -> Iterator[None]:
     """Capture what native code and Python write to file descriptor 2 meanwhile, and write it
     back afterwards without the lines `unwanted` matches (what no setting turns off):
     nothing else is lost, only written a moment later."""
-    with contextlib.suppress(Exception):
-        sys.stderr.flush()
-    saved = os.dup(2)
-    with tempfile.TemporaryFile() as capture:
+    with _OUTPUT_LOCK, tempfile.TemporaryFile() as capture:
+        with contextlib.suppress(Exception):
+            sys.stderr.flush()
+        saved = os.dup(2)
         os.dup2(capture.fileno(), 2)
         try:
             yield
@@ -69,3 +76,11 @@ def stderr_without(unwanted: re.Pattern[bytes]) -> Iterator[None]:
             data = unwanted.sub(b"", capture.read())
             if data:
                 os.write(2, data)
+
+
+@contextlib.contextmanager
+def stdout_silenced() -> Iterator[None]:
+    """What Python code prints to sys.stdout meanwhile, dropped (a quantizer's calibration
+    progress, NNCF's progress bar): one redirection at a time in the process."""
+    with _OUTPUT_LOCK, contextlib.redirect_stdout(io.StringIO()):
+        yield

@@ -89,7 +89,7 @@ class Target:
         """weights_bytes() where something measured it already, else None."""
         return self._weights
 
-    def calibration_feeds(self, names: list[str], limit: int = 128) -> list[dict[str, np.ndarray]]:
+    def calibration_feeds(self, names: list[str], limit: int) -> list[dict[str, np.ndarray]]:
         """The calibration inputs one sample at a time, as dicts by the given input names (a
         runtime's), at most `limit` samples (the first ones): what the quantizers take."""
         feeds: list[dict[str, np.ndarray]] = []

@@ -19,6 +19,7 @@ from ..environment import BF16_FLAGS, install_hint, precision_instructions
 from ..errors import ClosedError
 from ..export.onnx import read_onnx, write_onnx
 from ..export.openvino_int8 import (
+    CALIBRATION_SAMPLES,
     IR_FILE,
     OpenVinoInt8,
     nncf_missing,
@@ -288,7 +289,7 @@ class OpenVinoCpuInt8(OpenVinoCpu):
             self._quantized = shared(target, "openvino-int8")
         else:
             exported = export_onnx(target)
-            feeds = target.calibration_feeds(exported.input_names)
+            feeds = target.calibration_feeds(exported.input_names, CALIBRATION_SAMPLES)
             self._quantized = quantize_for_openvino(exported, feeds, self.keep)
         self.precision_note = self._quantized.settings
 

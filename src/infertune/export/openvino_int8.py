@@ -16,7 +16,6 @@ model.bin) for save(), which OpenVINO loads without NNCF.
 from __future__ import annotations
 
 import contextlib
-import io
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -25,12 +24,22 @@ from typing import Any
 
 import numpy as np
 
+from ..quiet import stdout_silenced
 from .onnx import OnnxExport
 from .onnx_int8 import keep_pattern
 
-__all__ = ["IR_FILE", "OpenVinoInt8", "nncf_missing", "quantize_for_openvino", "read_ir"]
+__all__ = [
+    "CALIBRATION_SAMPLES",
+    "IR_FILE",
+    "OpenVinoInt8",
+    "nncf_missing",
+    "quantize_for_openvino",
+    "read_ir",
+]
 
 IR_FILE = "model.xml"  # and model.bin beside it
+# Samples NNCF collects statistics on (it keeps statistics, not tensors: its default is 300).
+CALIBRATION_SAMPLES = 128
 
 
 @dataclass
@@ -119,7 +128,7 @@ def _quiet() -> Iterator[None]:
     if console is not None:
         console.quiet = True
     try:
-        with contextlib.redirect_stdout(io.StringIO()):
+        with stdout_silenced():
             yield
     finally:
         if console is not None:

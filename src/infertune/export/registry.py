@@ -22,7 +22,9 @@ from ..environment import INT8_DOT_FLAGS, precision_instructions
 from ..target import Target
 from .onnx import OnnxExport, convert_to_onnx
 from .onnx_fp16 import float16_export
+from .onnx_int8 import CALIBRATION_SAMPLES as ORT_SAMPLES
 from .onnx_int8 import quantize_dynamic_int8, quantize_static_int8
+from .openvino_int8 import CALIBRATION_SAMPLES as NNCF_SAMPLES
 from .openvino_int8 import quantize_for_openvino
 from .tflite import convert_fixed, convert_free, convert_int8, read_conversion, write_conversion
 
@@ -101,7 +103,8 @@ CONVERSIONS: dict[str, Conversion] = {
             "openvino-int8", "int8 quantization (NNCF)",
             "the ONNX export quantized to int8 by NNCF for OpenVINO",
             lambda target: quantize_for_openvino(
-                export_onnx(target), target.calibration_feeds(export_onnx(target).input_names)
+                export_onnx(target),
+                target.calibration_feeds(export_onnx(target).input_names, NNCF_SAMPLES),
             ),
             cost=(2.0, 4.0), memory=2.0,
         ),
@@ -142,7 +145,7 @@ def static_int8(target: Target, method: str = "minmax", keep: tuple[str, ...] = 
     7-bit weights on a CPU without int8 dot products (VNNI, AMX), where ONNX Runtime's u8s8
     kernels saturate (shared/FIELD_NOTES.md)."""
     exported = export_onnx(target)
-    feeds = target.calibration_feeds(exported.input_names)
+    feeds = target.calibration_feeds(exported.input_names, ORT_SAMPLES)
     return quantize_static_int8(exported, feeds, method, keep, reduce_range=not int8_dot())
 
 

@@ -167,8 +167,12 @@ def convert_int8(
         return Converted(converter.convert(), names, tuple(rewritten))
 
     def samples() -> Iterator[list[np.ndarray]]:
+        count = 0
         for batch in calibration:
             for i in range(len(batch[0])):
+                if count == CALIBRATION_SAMPLES:
+                    return
+                count += 1
                 yield [array[i : i + 1] for array in batch]
 
     converter.representative_dataset = samples
@@ -219,6 +223,9 @@ def _outputs_of(flatbuffer: bytes, scopes: tuple[str, ...]) -> list[str]:
     return found
 
 
+# Samples the converter calibrates on (its calibrator runs the float model on each, one at a
+# time: statistics, not tensors, are kept).
+CALIBRATION_SAMPLES = 128
 # What the quantizing converter writes on stderr from native code, for every conversion.
 _QUANTIZER_LINE = re.compile(rb"^fully_quantize: .*\n", re.M)
 
