@@ -99,7 +99,7 @@ MAX_DROP = 0.01  # the gate: at most one point of accuracy lost, with the bootst
 HELD_OUT_SLACK = 0.005  # an accepted candidate's drop on the test split: max_drop + 0.5 points
 TOO_SLOW = 1.05  # infertune may be at most 5% slower than the best int8 by hand that passes
 OPTIMIZE_RATIO = 2.5  # optimize() with reduced precision against fp32 alone (ResNet50 224)
-CALIBRATION = 128  # samples: what infertune's quantizers use of calibration=, and by hand too
+CALIBRATION = 128  # samples in calibration= (infertune's quantizers take 32-128 of them)
 QUICK_OUT = Path(tempfile.gettempdir()) / "infertune-bench-precision-quick"  # not the docs'
 CHUNK = 32  # the batch the models are run at on whole splits (training, metrics)
 FP32_RUNTIMES = ("tf.function", "tf.function+XLA", "onnxruntime", "openvino-f32", "litert")

@@ -303,7 +303,7 @@ def _pip_install_arguments(text: str) -> list[str]:
     """The arguments of every `pip install` command in `text`, quotes removed."""
     found = []
     for command in re.findall(r"pip install ([^\n`#&|]*)", text):
-        found += shlex.split(command)
+        found += shlex.split(command.rstrip().removesuffix("\\"))  # a line continued
     return found
 
 

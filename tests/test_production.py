@@ -219,7 +219,9 @@ def test_the_production_benchmark_has_its_options_and_models():
         assert option in done.stdout, option
     models = re.search(r"default all: \[([^\]]*)\]", done.stdout)
     names = re.findall(r"'([\w-]+)'", models.group(1))
-    assert names == ["text-classifier", "tabular", "recommender", "audio", "two-tower", "image"]
+    assert names == [
+        "text-classifier", "tabular", "recommender", "audio", "two-tower", "image", "fnet"
+    ]  # fmt: skip
     docs = (root / "docs" / "benchmarks.md").read_text(encoding="utf-8")
     section = docs.split("## Production models", 1)[1].split("\n## ", 1)[0]
     assert [n for n in names if f"| {n} |" not in section] == []

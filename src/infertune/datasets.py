@@ -105,9 +105,9 @@ def _batches(data: Any, what: str, inputs: int) -> Iterable[Any]:
         return (_numpy_tree(item) for item in data)
     if isinstance(data, np.ndarray | dict) or callable(getattr(data, "numpy", None)):
         return [data]
-    if isinstance(data, list) and data and not isinstance(data[0], list | tuple | dict):
-        if inputs > 1 and len(data) == inputs:
-            return [data]  # one batch of a list-input model
+    arrays = isinstance(data, list) and data and not isinstance(data[0], list | tuple | dict)
+    if arrays and inputs > 1 and len(data) == inputs:
+        return [data]  # one batch of a list-input model
     if isinstance(data, Iterable) and not isinstance(data, str | bytes):
         return data
     raise OptionError(

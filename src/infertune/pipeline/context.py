@@ -25,6 +25,7 @@ if TYPE_CHECKING:  # the values it carries; the modules that use them import the
     from .isolation import Isolation, Rehearsal
     from .planning import Probe
     from .reference import Check
+    from .verifying import Mismatch
 
 __all__ = ["Candidate", "Preparation", "skip"]
 
@@ -43,6 +44,9 @@ class Candidate:
     estimate: tuple[float, str] | None = None
     holds_memory: bool = False  # admitted by memory: it counts against those after it
     dropped: bool = False  # verified, then closed before the measurement (tight memory)
+    # A quantized candidate whose first quantization failed the gate: the verdict its search
+    # for one that passes starts from (precision.py), once every candidate has had its first.
+    failed_gate: Mismatch | None = None
 
     @property
     def name(self) -> str:
@@ -76,6 +80,8 @@ class Preparation:
     states: list[Candidate] = field(default_factory=list)  # every candidate but the reference
     # What reduced-precision candidates are judged by (gate.py); None: no data was given.
     precision: PrecisionData | None = None
+    # The quantized candidates whose search waits for every candidate's first verdict.
+    to_search: list[Candidate] = field(default_factory=list)
 
     @property
     def memory_tight(self) -> str | None:

@@ -56,15 +56,18 @@ def precision_data(
     labelled: list[LabelledBatch] | None,
     outputs: OutputSignature,
     call: Callable[[list[np.ndarray]], list[np.ndarray]],
+    references: bool = True,
 ) -> PrecisionData:
     """The model's outputs on the calibration inputs and its predictions on the labelled
     data (`call`: the reference's call on flat inputs), the metric checked on them (OptionError
-    saying what is wrong, before any long work)."""
+    saying what is wrong, before any long work). `references` False: not the outputs on the
+    calibration inputs where the labelled data judges (only the agreement rule reads them)."""
     start = time.perf_counter()
     data = PrecisionData(accuracy=accuracy)
     if calibration:
         data.calibration = calibration
-        data.calibration_reference = [call(batch) for batch in calibration]
+        if references or accuracy is None:
+            data.calibration_reference = [call(batch) for batch in calibration]
     if accuracy is not None and labelled:
         data.labelled = labelled
         data.output = _output_index(accuracy, outputs)

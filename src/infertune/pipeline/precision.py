@@ -7,15 +7,18 @@ can leave layers in float32 (`Backend.keeps_layers`), the layers are ranked by t
 adds (export/onnx_int8.py `layer_errors`: the float32 export and its static int8 form run side
 by side on the calibration inputs, each quantized layer's output compared, less what its
 inputs already carried), and the worst are kept in float32 one at a time: after each, the
-candidate is quantized again, judged, and timed against the fastest float32 or bf16 candidate
-verified so far (interleaved, a second or so). The search stops when one passes (the report
-names the layers kept and what each cost), when keeping one more leaves it no faster than
-that candidate, or after MAX_KEPT layers.
+candidate is quantized again, judged, and timed against the fastest candidates verified so far
+(`rivals`: float32, bf16, or another quantized one that passed; interleaved, a second or so:
+`race`). The search stops when one passes (the report names the layers kept and what each
+cost), when keeping one more leaves it no faster than the fastest of them, or after MAX_KEPT
+layers. preparing.py runs the searches once every candidate has its first verdict, the
+fastest first, and none for a candidate already slower than one verified.
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -31,11 +34,12 @@ if TYPE_CHECKING:
     from .context import Preparation
     from .isolation import Isolation
 
-__all__ = ["MAX_KEPT", "search"]
+__all__ = ["MAX_KEPT", "race", "rivals", "search"]
 
 MAX_KEPT = 6  # layers kept in float32 at most, one more each step
 DIVERGES = 0.05  # relative error a layer adds that counts as diverging from float32
-TIMING_S = 1.0  # the interleaved timing of a variant against the fastest exact candidate
+TIMING_S = 1.0  # the interleaved timing of a variant against the fastest verified candidates
+RIVALS_WITHIN = 3.0  # verified candidates timed against it: calls within 3x the fastest's
 
 
 def search(
@@ -60,7 +64,7 @@ def search(
     )  # fmt: skip
     ranking = sorted(errors, key=lambda scope: -errors[scope])
     tried.append(_diverging(errors))
-    rival = _fastest_exact(run)
+    others = rivals(run)
     kept: list[str] = []
     costs: list[dict] = []
     for scope in ranking[:MAX_KEPT]:
@@ -70,11 +74,11 @@ def search(
         if verdict is not None and verdict.startswith("failed"):
             tried.append(f"{len(kept)} layer(s) kept in float32: {verdict}")
             break
-        p50 = stage(
-            state, run, "timing", f"{state.name}: timing it against the fastest exact one",
-            lambda v=variant: _time_against(v, rival, run),
+        mine, rival, theirs = stage(
+            state, run, "timing", f"{state.name}: timing it against the fastest verified ones",
+            lambda v=variant: race(v, others, run),
         )  # fmt: skip
-        costs.append({"layer": scope, "p50_ms": p50.get(variant.name)})
+        costs.append({"layer": scope, "p50_ms": mine})
         if verdict is None:  # it passes: the measurement decides whether it is chosen
             _accept(state, variant)
             state.result.kept_fp32 = costs
@@ -83,8 +87,7 @@ def search(
         with contextlib.suppress(Exception):
             variant.close()
         tried.append(f"{len(kept)} layer(s) kept in float32: {verdict}")
-        mine, theirs = p50.get(variant.name), p50.get(rival.name) if rival else None
-        if mine is not None and theirs is not None and mine >= theirs:
+        if rival is not None and mine is not None and mine >= theirs:
             tried.append(
                 f"no further: with {', '.join(kept)} in float32 its p50 {mine:.4g} ms is no "
                 f"faster than {rival.name}'s {theirs:.4g} ms"
@@ -171,31 +174,36 @@ def _layer_errors(run: Preparation) -> dict[str, float]:
         return {}
 
 
-def _fastest_exact(run: Preparation) -> Any | None:
-    """The float32 or bf16 candidate verified so far with the fastest verification calls."""
+def rivals(run: Preparation) -> list[Any]:
+    """The candidates verified so far (any precision: a quantized one passed its gate) that
+    may be the fastest: those whose verification calls took at most RIVALS_WITHIN times the
+    fastest's (a few calls each, some of them cold: a ranking too loose to pick one by)."""
     estimates = {
-        name: seconds
-        for name, seconds in run.call_estimates.items()
-        if name in run.contenders and run.contenders[name].precision in ("fp32", "bf16")
+        name: seconds for name, seconds in run.call_estimates.items() if name in run.contenders
     }
     if not estimates:
-        return None
-    return run.contenders[min(estimates, key=estimates.get)]
+        return []
+    fastest = min(estimates.values())
+    return [run.contenders[n] for n, s in estimates.items() if s <= RIVALS_WITHIN * fastest]
 
 
-def _time_against(variant: Any, rival: Any | None, run: Preparation) -> dict[str, float]:
-    """p50 ms of `variant` (and `rival`) on the sample, timed interleaved."""
+def race(variant: Any, rivals: list[Any], run: Preparation) -> tuple[float | None, Any, float]:
+    """`variant` timed interleaved with `rivals` on the sample: its p50 ms, the fastest
+    rival, and that one's p50 ms (None and inf without rivals)."""
     sample = run.checks[0].inputs
-    runners = {variant.name: lambda: variant.run(sample)}
-    if rival is not None:
-        runners[rival.name] = lambda: rival.run(sample)
+    runners = {b.name: (lambda b=b: b.run(sample)) for b in (variant, *rivals)}
     measured = measure_interleaved(
         runners,
         budget_s=TIMING_S,
         min_rounds=3,
-        cooldown_s={b.name: b.cooldown_s for b in (variant, rival) if b is not None},
+        cooldown_s={b.name: b.cooldown_s for b in (variant, *rivals)},
     )
-    return {name: stats.p50 for name, stats in measured.stats.items()}
+    p50 = {name: stats.p50 for name, stats in measured.stats.items()}
+    timed = [b for b in rivals if p50.get(b.name) is not None]
+    if not timed:
+        return p50.get(variant.name), None, math.inf
+    best = min(timed, key=lambda b: p50[b.name])
+    return p50.get(variant.name), best, p50[best.name]
 
 
 def _settings(backend: Any) -> str:

@@ -147,7 +147,12 @@ def _tune(
         with progress.timed("calibration", text="the model on the calibration and accuracy data"):
             reference_call = call or (lambda flat: source.call_flat(signature, flat)[0])
             precision = precision_data(
-                model.calibration, options.accuracy, model.labelled, outputs, reference_call
+                model.calibration,
+                options.accuracy,
+                model.labelled,
+                outputs,
+                reference_call,
+                references=False,
             )
             precision.batch_sizes = [n for n in batch_sizes or [] if n != signature.sample_batch]
         target.calibration = precision.calibration or None
