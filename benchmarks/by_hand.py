@@ -179,3 +179,23 @@ def litert_interpreter(model, sample, content: bytes | None = None) -> Runner:
         return outputs[0] if len(outputs) == 1 else outputs
 
     return run_named
+
+
+def float32_builders(model, sample) -> tuple[dict[str, Callable[[], Runner]], Callable[[], bytes]]:
+    """The float32 runtimes by hand, each a builder (label -> () -> runner), and the ONNX
+    export they share, made on first use (a builder of another runtime may start from it)."""
+    exported: dict[str, bytes] = {}
+
+    def onnx() -> bytes:  # one export by hand, shared by everything ONNX
+        if "onnx" not in exported:
+            exported["onnx"] = onnx_bytes(model, sample)
+        return exported["onnx"]
+
+    builders = {
+        "tf.function": lambda: tf_function(model, sample),
+        "tf.function+XLA": lambda: tf_function(model, sample, jit_compile=True),
+        "onnxruntime": lambda: onnxruntime_session(onnx(), sample),
+        "openvino-f32": lambda: openvino_compiled(onnx(), sample, precision_hint="f32"),
+        "litert": lambda: litert_interpreter(model, sample),
+    }
+    return builders, onnx

@@ -640,19 +640,8 @@ def by_hand_runtimes(model, buffer: np.ndarray, calibration: np.ndarray) -> tupl
     {label: {"kind", "build_s", "failed"?}}); one that fails is recorded, the run goes on."""
     import by_hand
 
-    exported: dict[str, bytes] = {}
-
-    def onnx() -> bytes:  # one export by hand, shared by everything ONNX below
-        if "onnx" not in exported:
-            exported["onnx"] = by_hand.onnx_bytes(model, buffer)
-        return exported["onnx"]
-
-    builders = {
-        "tf.function": lambda: by_hand.tf_function(model, buffer),
-        "tf.function+XLA": lambda: by_hand.tf_function(model, buffer, jit_compile=True),
-        "onnxruntime": lambda: by_hand.onnxruntime_session(onnx(), buffer),
-        "openvino-f32": lambda: by_hand.openvino_compiled(onnx(), buffer, precision_hint="f32"),
-        "litert": lambda: by_hand.litert_interpreter(model, buffer),
+    builders, onnx = by_hand.float32_builders(model, buffer)
+    builders |= {
         "onnxruntime-int8": lambda: ort_static_int8(onnx(), calibration, buffer),
         "openvino-nncf-int8": lambda: nncf_int8(onnx(), calibration, buffer),
         "litert-int8": lambda: litert_full_int8(model, calibration, buffer),

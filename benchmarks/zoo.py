@@ -286,20 +286,7 @@ def by_hand_runners(model, sample) -> tuple[dict, dict, dict]:
     """The by-hand runtimes that could be built: (runners, {label: failure}, {label: build s})."""
     import by_hand
 
-    exported: dict[str, bytes] = {}
-
-    def onnx() -> bytes:  # one export by hand, shared by ONNX Runtime and OpenVINO
-        if "onnx" not in exported:
-            exported["onnx"] = by_hand.onnx_bytes(model, sample)
-        return exported["onnx"]
-
-    builders = {
-        "tf.function": lambda: by_hand.tf_function(model, sample),
-        "tf.function+XLA": lambda: by_hand.tf_function(model, sample, jit_compile=True),
-        "onnxruntime": lambda: by_hand.onnxruntime_session(onnx(), sample),
-        "openvino-f32": lambda: by_hand.openvino_compiled(onnx(), sample, precision_hint="f32"),
-        "litert": lambda: by_hand.litert_interpreter(model, sample),
-    }
+    builders, _ = by_hand.float32_builders(model, sample)
     runners, failed, build_s = {}, {}, {}
     if any(np.asarray(a).dtype.kind in "OSU" for a in flat_outputs(sample)):
         # XLA compiling a function of a string tensor aborts the process (TensorFlow's check

@@ -28,7 +28,6 @@ differs from its manifest, or when its format is newer than this infertune's.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
 import time
@@ -53,6 +52,7 @@ from ..outputs import OutputSignature
 from ..progress import Progress
 from ..report import Report
 from ..result.choice import Choice
+from ..result.saved import file_sha256
 from ..structure import Structure
 from ..target import Target
 from .budget import Budget
@@ -224,18 +224,10 @@ def _write_arrays(file: Path, arrays: dict[str, np.ndarray]) -> None:
 
 def _hash_files(path: Path) -> dict[str, str]:
     return {
-        str(file.relative_to(path)): _sha256(file)
+        str(file.relative_to(path)): file_sha256(file)
         for file in sorted(path.rglob("*"))
         if file.is_file() and file.name != MANIFEST
     }
-
-
-def _sha256(file: Path) -> str:
-    digest = hashlib.sha256()
-    with open(file, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 # -- reading one (without TensorFlow) ------------------------------------------------------

@@ -54,6 +54,7 @@ __all__ = [
     "MANIFEST",
     "REPORT",
     "Saved",
+    "file_sha256",
     "open_saved",
     "read_manifest",
     "restore",
@@ -191,7 +192,7 @@ def _copy_files(source: Saved, directory: Path) -> list[dict]:
 
 def _hash_files(directory: Path) -> dict:
     return {
-        rel: {"sha256": _sha256(directory / rel), "bytes": (directory / rel).stat().st_size}
+        rel: {"sha256": file_sha256(directory / rel), "bytes": (directory / rel).stat().st_size}
         for rel in _relative_files(directory)
     }
 
@@ -207,7 +208,8 @@ def _relative_files(directory: Path) -> list[str]:
     return sorted(files)
 
 
-def _sha256(path: Path) -> str:
+def file_sha256(path: Path) -> str:
+    """A file's sha256, read in 1 MB blocks (saved results and packages list them)."""
     digest = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
@@ -427,7 +429,7 @@ def verify_files(path: Path, manifest: dict) -> None:
                 f"'{rel}' is missing from '{path}' (the manifest lists it): the saved result is "
                 f"incomplete. Save it again from the model."
             )
-        digest = _sha256(file)
+        digest = file_sha256(file)
         if digest != meta.get("sha256"):
             raise ArtifactError(
                 f"'{rel}' in '{path}' was modified after it was saved: its sha256 is "
