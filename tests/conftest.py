@@ -3,10 +3,13 @@
 Tiny real models for the tests (real TensorFlow, real ONNX export, real ONNX Runtime) and the
 other shared helpers live in helpers.py (`from helpers import dense_model`); fixtures here.
 
-Tiers. `python -m pytest` runs the unit tier: every test without a tier marker, minutes on
-two cores. Three markers (pyproject.toml) put a test in another tier, deselected by default:
+Tiers. `python -m pytest` runs the unit tier: every test without a tier marker, under four
+minutes on two cores. Three markers (pyproject.toml) put a test in another tier, deselected by
+default:
 
-- `slow`: builds a Triton environment, starts Triton or Ray, or takes more than ~20 s;
+- `slow`: builds a Triton environment, starts Triton or Ray, or takes more than ~2 s on two
+  cores (an end-to-end optimize() of several candidates or of a real network, a training, a
+  child process: what a change to one part rarely needs at every run; CI runs it all);
 - `network`: reaches the package index (pip resolving or installing);
 - `timing`: asserts wall-clock time or page residency, which another process on the machine
   can move. A clock-free check of the same behaviour is in the unit tier where one exists;

@@ -74,6 +74,7 @@ def _tuned(**kwargs):
     return model, opt, small, large
 
 
+@pytest.mark.slow
 def test_each_call_goes_to_the_choice_for_its_batch_size():
     model, opt, small, large = _tuned()
     assert opt.backends_by_batch == {1: "fast-small", 4: "fast-small", 64: "fast-large"}
@@ -88,6 +89,7 @@ def test_each_call_goes_to_the_choice_for_its_batch_size():
     assert large.calls == [5, 16, 64, 100]
 
 
+@pytest.mark.slow
 def test_the_report_has_a_table_and_a_choice_per_batch_size():
     _, opt, _, _ = _tuned()
     report = opt.report
@@ -106,6 +108,7 @@ def test_the_report_has_a_table_and_a_choice_per_batch_size():
     assert "random input at batch 64" in " ".join(report.notes)
 
 
+@pytest.mark.slow
 def test_only_the_chosen_candidates_stay_alive():
     _, opt, small, large = _tuned()
     assert {b.name for b in opt.backends} == {"fast-small", "fast-large"}
@@ -123,6 +126,7 @@ def test_one_candidate_everywhere_takes_the_single_path():
     assert len(opt.backends) == 1
 
 
+@pytest.mark.slow
 def test_save_load_and_cache_keep_the_choice_per_batch_size(registered, tmp_path):
     model, opt, _, _ = _tuned()
     loaded = infertune.load(opt.save(tmp_path / "saved"), verbose=False)
@@ -173,6 +177,7 @@ def test_latency_budget_needs_the_throughput_objective():
         )
 
 
+@pytest.mark.slow
 def test_a_budget_nothing_meets_is_said_with_the_fastest_p99():
     # 1 ns: no call of any runtime returns that fast.
     _, opt, _, _ = _tuned(objective="throughput", latency_budget_ms=1e-6)
@@ -182,6 +187,7 @@ def test_a_budget_nothing_meets_is_said_with_the_fastest_p99():
     assert "no candidate met latency_budget_ms=1e-06" in report.selection_reason
 
 
+@pytest.mark.slow
 def test_a_budget_excludes_the_slow_candidates():
     # 30 ms: below the 50 ms sleep, far above a real call of the tiny model (its p99 too,
     # on a loaded machine).

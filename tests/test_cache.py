@@ -10,6 +10,7 @@ import textwrap
 from pathlib import Path
 
 import numpy as np
+import pytest
 from helpers import dense_model
 
 import infertune
@@ -18,6 +19,7 @@ X = np.random.default_rng(3).standard_normal((4, 6)).astype("float32")
 ORT = ["onnxruntime-cpu"]
 
 
+@pytest.mark.slow
 def test_second_call_hits_and_a_weight_change_misses(tmp_path):
     model = dense_model()
     first = infertune.optimize(model, X, backends=ORT, cache=tmp_path, verbose=False)
@@ -53,6 +55,7 @@ def test_second_call_hits_and_a_weight_change_misses(tmp_path):
     assert len(list(tmp_path.iterdir())) == 3
 
 
+@pytest.mark.slow
 def test_a_damaged_entry_is_tuned_again_and_replaced(tmp_path):
     model = dense_model()
     infertune.optimize(model, X, backends=ORT, cache=tmp_path, verbose=False)
@@ -78,6 +81,7 @@ class Affine(tf.Module):
 """
 
 
+@pytest.mark.slow
 def test_a_new_process_hits_the_cache_and_fingerprints_agree(tmp_path):
     """Keys must not depend on what a process makes up: layer-name and function counters, ids
     of captured variables, the hash seed. The child traces other functions first and runs

@@ -96,6 +96,7 @@ def _optimize(backend: str) -> Optimized:
     )
 
 
+@pytest.mark.slow
 def test_close_releases_the_onnxruntime_session_and_refuses_calls(live, tmp_path):
     model, x = dense_model(), _sample()
     opt = _optimize("onnxruntime-cpu")

@@ -34,6 +34,7 @@ def _candidates_that_run_here():
     return ["keras-eager", *names]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", _candidates_that_run_here())
 def test_threads_get_the_same_results_as_sequential_calls(name):
     model = dict_model()
@@ -146,6 +147,7 @@ def _stats(ms: float) -> LatencyStats:
     return LatencyStats.from_samples([ms / 1e3] * 5, [ms / 1e3] * 5, True)
 
 
+@pytest.mark.slow
 def test_optimize_measures_and_keeps_the_concurrency(tmp_path):
     model = dict_model()
     sample = dict_sample(np.random.default_rng(0))
@@ -173,6 +175,7 @@ def test_concurrency_must_be_a_positive_integer(bad):
         infertune.optimize(dict_model(), dict_sample(np.random.default_rng(0)), concurrency=bad)
 
 
+@pytest.mark.slow
 def test_concurrency_combines_with_batch_sizes_and_a_latency_budget():
     """Every tuned batch size is measured under the callers, and the latency budget is met
     (or not) by the p99 under that load."""

@@ -245,6 +245,7 @@ def _close_documents():
             del os.environ[key]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("snippet", SNIPPETS)
 def test_snippet(snippet: Snippet, monkeypatch):
     run = snippet.document

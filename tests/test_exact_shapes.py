@@ -77,6 +77,7 @@ def assert_close(got, expected) -> None:
 
 
 # -- the fast path -------------------------------------------------------------------------
+@pytest.mark.slow
 @needs_litert
 def test_a_gru_is_served_by_litert_at_the_sample_shape_and_by_the_general_choice_elsewhere():
     model, sample = gru(), sequences(2, 6)
@@ -115,6 +116,7 @@ def test_a_gru_is_served_by_litert_at_the_sample_shape_and_by_the_general_choice
         exact.run([sequences(2, 11)])
 
 
+@pytest.mark.slow
 @needs_litert
 def test_dict_inputs_take_the_fast_path_at_the_sample_shapes_only():
     model, sample = masked_attention(), padded_tokens(2, 7)
@@ -132,6 +134,7 @@ def test_dict_inputs_take_the_fast_path_at_the_sample_shapes_only():
         np.testing.assert_array_equal(opt(other), general.run(flat(other))[0])
 
 
+@pytest.mark.slow
 @needs_litert
 def test_save_load_and_cache_keep_the_fast_path(tmp_path):
     model, sample = gru(), sequences(2, 6)

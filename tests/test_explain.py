@@ -16,6 +16,7 @@ def cnn_diagnosis():
     return infertune.explain(model, sample, backends=["tf-function"], verbose=False)
 
 
+@pytest.mark.slow
 def test_small_cnn_at_batch_1_is_overhead_bound(cnn_diagnosis):
     d = cnn_diagnosis
     assert d.verdict == "overhead-bound"
@@ -36,6 +37,7 @@ def test_predict_and_retracing_are_measured(cnn_diagnosis):
     assert len(d.advice) <= 3
 
 
+@pytest.mark.slow
 def test_one_big_matrix_product_is_compute_bound():
     model, sample = demo_model("matmul")  # 1000x1000 weights, batch 1000: 2 GFLOP per call
     opt = infertune.optimize(model, sample, backends=["tf-function"], verbose=False)

@@ -54,6 +54,7 @@ def convnext_like_model(sample):
     return keras.Model(inputs, outputs)
 
 
+@pytest.mark.slow
 def test_layers_holding_constants_export_and_onnxruntime_verifies(rng):
     sample = images(rng)
     model = convnext_like_model(sample)

@@ -576,6 +576,7 @@ def test_tf_trt_arguments_match_the_installed_converter(tmp_path):
 # --- infertune env --check ------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @needs_no_gpu
 def test_env_check_runs_every_candidate_and_says_why_no_gpu_one_can(capsys):
     from infertune.cli import main

@@ -47,6 +47,7 @@ def test_a_segfaulting_candidate_is_failed_and_the_next_one_still_runs(model_and
     np.testing.assert_allclose(opt(x), model(x), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_a_candidate_that_hangs_in_its_compiler_times_out(model_and_sample):
     model, x = model_and_sample
     start = time.perf_counter()
@@ -183,6 +184,7 @@ isolation.submit(
 """
 
 
+@pytest.mark.slow
 def test_a_hung_child_ends_with_its_killed_parent_and_removes_its_files(tmp_path):
     import signal
     import subprocess

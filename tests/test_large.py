@@ -79,6 +79,7 @@ def test_the_export_keeps_weights_as_external_data_in_one_aligned_file(large, rn
     assert not directory.exists()
 
 
+@pytest.mark.slow
 def test_a_constant_past_the_protobuf_limit_goes_to_the_data_file_untouched(
     large, monkeypatch, rng
 ):
@@ -113,6 +114,7 @@ def test_a_constant_past_the_protobuf_limit_goes_to_the_data_file_untouched(
         assert_matches_model(expected[key], outputs[key])
 
 
+@pytest.mark.slow
 def test_every_candidate_runs_external_data_and_results_carry_it(large, rng, tmp_path):
     model, sample = recommender(), recommender_sample(rng)
     names = ["onnxruntime-cpu", "openvino-cpu", "litert"]
@@ -229,6 +231,7 @@ class _Slow:
         return Slow()
 
 
+@pytest.mark.slow
 def test_a_large_model_keeps_the_fastest_copy_for_the_measurement(monkeypatch, rng):
     # Every model counts as large: holding all five would pass 1 byte.
     monkeypatch.setenv("INFERTUNE_HOLD_ALL_BYTES", "1")
@@ -253,6 +256,7 @@ def test_a_large_model_keeps_the_fastest_copy_for_the_measurement(monkeypatch, r
     assert opt.backend == fastest.name
 
 
+@pytest.mark.slow
 def test_a_large_model_tries_no_session_option_or_thread_variants(monkeypatch, rng):
     monkeypatch.setenv("INFERTUNE_HOLD_ALL_BYTES", "1")
     backends = ["onnxruntime-cpu", "onnxruntime-cpu:nospin", "onnxruntime-cpu:threads=1"]
@@ -304,6 +308,7 @@ def _first_call_and_export_end(monkeypatch, rng, backend_class, export_delay_s=0
     return opt.report, first_call[0], export_ended[0]
 
 
+@pytest.mark.slow
 def test_a_large_model_compiles_xla_after_the_conversions(monkeypatch, rng):
     """XLA's compile (3x the weights) waits for the ONNX export (4x) to end, not beside it."""
     from infertune.backends import TfXla
@@ -329,6 +334,7 @@ def test_a_large_model_calls_tf_function_after_the_conversions(monkeypatch, rng)
     assert first_call >= export_ended
 
 
+@pytest.mark.slow
 def test_a_large_model_is_not_checked_under_concurrent_callers(monkeypatch, rng):
     """Each concurrent caller of a TensorFlow candidate may hold its own copy of a variable
     in copy-on-read mode (7.5 GB more under 4 callers on the 2.46 GB recommender): a large
@@ -386,6 +392,7 @@ def test_xla_is_skipped_for_the_memory_its_compile_takes(monkeypatch, rng):
     assert xla.status == "skipped" and "while it compiles" in xla.reason
 
 
+@pytest.mark.slow
 def test_a_conversion_memory_is_measured_learned_and_used(monkeypatch, rng, tmp_path):
     """Each conversion's own peak is in the report and the machine's record, and the next
     run's memory estimate uses what was learned instead of the built-in factor."""
@@ -422,6 +429,7 @@ def test_a_conversion_memory_is_measured_learned_and_used(monkeypatch, rng, tmp_
             assert "INFERTUNE_MACHINE_FILE=off" in candidate.reason
 
 
+@pytest.mark.slow
 def test_a_record_learned_on_small_models_does_not_shut_a_large_one_out(monkeypatch, rng, tmp_path):
     """Runs on models below the size that teaches the copies of the weights (lowered here to
     50 KB: the model below counts as large, the recorded ones as small) learn only a fixed
@@ -457,6 +465,7 @@ def test_a_record_learned_on_small_models_does_not_shut_a_large_one_out(monkeypa
     assert candidate.status == "skipped" and "15.0x the weights" in candidate.reason
 
 
+@pytest.mark.slow
 def test_a_large_tflite_flatbuffer_lives_in_a_file_of_its_own(large, rng, tmp_path):
     """Past the threshold the flatbuffer is not held in memory: a temporary file each
     interpreter maps, removed with the conversion; a saved result carries it."""

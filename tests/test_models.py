@@ -4,6 +4,7 @@ at the sample's batch size and at two others, and every candidate verifies."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import tensorflow as tf
 from helpers import assert_matches_model, dense_model, dict_model, dict_sample
 
@@ -35,6 +36,7 @@ def _assert_every_candidate_verified(opt):
     assert set(statuses) >= {"tf-function", "tf-xla", "onnxruntime-cpu"}
 
 
+@pytest.mark.slow
 def test_sequential_model(rng):
     model = dense_model()
     opt = infertune.optimize(model, rng.standard_normal((4, 6)).astype("float32"), verbose=False)
@@ -42,6 +44,7 @@ def test_sequential_model(rng):
     _check_all_batches(opt, model, lambda b: rng.standard_normal((b, 6)).astype("float32"))
 
 
+@pytest.mark.slow
 def test_functional_model_with_dict_inputs_and_outputs(rng):
     model = dict_model()
     opt = infertune.optimize(model, dict_sample(rng), verbose=False)
@@ -49,6 +52,7 @@ def test_functional_model_with_dict_inputs_and_outputs(rng):
     _check_all_batches(opt, model, lambda b: dict_sample(rng, b))
 
 
+@pytest.mark.slow
 def test_functional_model_with_list_inputs_and_outputs(rng):
     import keras
 
@@ -66,6 +70,7 @@ def test_functional_model_with_list_inputs_and_outputs(rng):
     _check_all_batches(opt, model, make)
 
 
+@pytest.mark.slow
 def test_subclassed_model(rng):
     import keras
 
@@ -94,6 +99,7 @@ class Affine(tf.Module):
         return tf.nn.sigmoid(tf.matmul(x, self.w))
 
 
+@pytest.mark.slow
 def test_tf_module_with_tf_function(rng):
     module = Affine()
     opt = infertune.optimize(module, rng.standard_normal((4, 3)).astype("float32"), verbose=False)
@@ -112,6 +118,7 @@ def test_saved_model_directory(tmp_path, rng):
     _check_all_batches(opt, module, lambda b: rng.standard_normal((b, 3)).astype("float32"))
 
 
+@pytest.mark.slow
 def test_keras_export_saved_model(tmp_path, rng):
     model = dense_model()
     model.export(str(tmp_path / "exported"), verbose=False)
@@ -122,6 +129,7 @@ def test_keras_export_saved_model(tmp_path, rng):
     _check_all_batches(opt, model, lambda b: rng.random((b, 6), dtype=np.float32))
 
 
+@pytest.mark.slow
 def test_keras_file(tmp_path, rng):
     model = dict_model()
     path = tmp_path / "model.keras"
@@ -131,6 +139,7 @@ def test_keras_file(tmp_path, rng):
     _check_all_batches(opt, model, lambda b: dict_sample(rng, b))
 
 
+@pytest.mark.slow
 def test_tensor_inputs_accepted(rng):
     model = dense_model()
     sample = tf.constant(rng.standard_normal((4, 6)).astype("float32"))
@@ -139,6 +148,7 @@ def test_tensor_inputs_accepted(rng):
     assert_matches_model(model(x), opt(x), rtol=RTOL)
 
 
+@pytest.mark.slow
 def test_integer_inputs_stay_in_sample_range(rng):
     """Token ids drawn for verification stay inside the sample's range (else Embedding fails)."""
     import keras

@@ -7,6 +7,7 @@ import json
 import numpy as np
 import onnx
 import onnx.numpy_helper
+import pytest
 from helpers import assert_matches_model, dense_model, target_for
 
 import infertune
@@ -27,6 +28,7 @@ def towers(seed: int = 0):
     return keras.Model(x, keras.layers.Dense(3)(keras.layers.Concatenate()([left, right])))
 
 
+@pytest.mark.slow
 def test_every_session_variant_is_verified_and_distinct():
     sample = np.random.default_rng(0).standard_normal((8, 6)).astype("float32")
     names = [n for n in onnxruntime_cpu_variants() if not n.endswith("int8")]
@@ -78,6 +80,7 @@ def test_settings_names():
     )
 
 
+@pytest.mark.slow
 def test_int8_is_off_by_default_and_judged_by_agreement_not_the_tolerance(tmp_path):
     model = dense_model(in_dim=32, out_dim=16)
     sample = np.random.default_rng(0).standard_normal((8, 32)).astype("float32")

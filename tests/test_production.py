@@ -99,6 +99,7 @@ def recommender_opt():
 
 
 # -- the recommender -------------------------------------------------------------------------
+@pytest.mark.slow
 def test_recommender_keeps_its_named_heads_and_matches_the_model(recommender_opt, rng):
     model, opt = recommender_opt
     assert opt.backend == "onnxruntime-cpu"

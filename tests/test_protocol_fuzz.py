@@ -197,6 +197,7 @@ def _check_response(model: ServedModel, request, content: bytes, headers: dict) 
     assert offset == len(content)
 
 
+@pytest.mark.slow
 @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=UNCHECKED)
 @given(request=requests())
 def test_every_generated_request_ends_in_outputs_or_a_4xx(served, request):
@@ -274,6 +275,7 @@ def text_served(text_saved):
     return ServedModel(text_saved)
 
 
+@pytest.mark.slow
 @settings(max_examples=EXAMPLES // 2, deadline=None, suppress_health_check=UNCHECKED)
 @given(request=string_requests())
 def test_every_generated_bytes_request_ends_in_outputs_or_a_4xx(text_served, request):

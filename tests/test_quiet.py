@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 from helpers import needs_litert
 
 NOISE = ("XNNPACK delegate", "cuInit", "oneDNN", "cuda drivers", "absl::InitializeLog", "0000 ")
@@ -16,6 +17,7 @@ def _without_level() -> dict:
     return {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
 
 
+@pytest.mark.slow
 @needs_litert
 def test_nothing_but_progress_reaches_a_user_who_did_not_ask(tmp_path):
     """The demo command on a CPU machine: progress and the report, none of TensorFlow's

@@ -133,6 +133,7 @@ def augmenting_model():
     return keras.Model(image, keras.layers.Dense(3)(x))
 
 
+@pytest.mark.slow
 def test_a_model_with_augmentation_inside_is_tuned_in_inference_mode(tmp_path):
     model = augmenting_model()
     x = np.random.default_rng(0).uniform(0, 255, (2, 16, 16, 3)).astype("float32")

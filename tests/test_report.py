@@ -19,6 +19,7 @@ def report():
     return infertune.optimize(dense_model(), sample, verbose=False).report
 
 
+@pytest.mark.slow
 def test_every_candidate_has_a_status_and_measured_numbers(report):
     from infertune.backends import BACKENDS
 

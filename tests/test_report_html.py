@@ -144,6 +144,7 @@ def test_numbers_are_the_reports_own(report):
     assert report.environment["cpu"]["model"] in text
 
 
+@pytest.mark.slow
 @needs_litert
 def test_one_latency_chart_per_batch_size(tuned):
     charts = _charts(tuned.to_html())

@@ -42,6 +42,7 @@ def _runtime_objects() -> dict[str, int]:
     return {name: sum(isinstance(o, cls) for o in objects) for name, cls in kinds.items()}
 
 
+@pytest.mark.slow
 def test_only_the_chosen_candidate_keeps_a_runtime_session(rng):
     before = _runtime_objects()
     x = rng.standard_normal((4, 6)).astype(np.float32)
@@ -58,6 +59,7 @@ def test_only_the_chosen_candidate_keeps_a_runtime_session(rng):
     assert _runtime_objects() == before
 
 
+@pytest.mark.slow
 def test_no_temporary_file_is_left(rng, tmp_path, monkeypatch):
     scratch = tmp_path / "tmp"
     scratch.mkdir()

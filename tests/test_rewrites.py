@@ -118,6 +118,7 @@ def test_category_encoding_converts_to_tflite_and_is_verified(mode):
     )
 
 
+@pytest.mark.slow
 @needs_litert
 def test_a_conversion_rewritten_in_a_worker_process_says_so(monkeypatch):
     # The TFLite conversion made in a worker process (tf_worker.py) brings its notes back.
@@ -364,6 +365,7 @@ def mfcc_model():
     return keras.Model(inputs, keras.layers.Dense(3)(keras.layers.Flatten()(x)))
 
 
+@pytest.mark.slow
 @needs_onnxruntime
 @needs_litert
 def test_the_mfcc_model_converts_everywhere():
@@ -462,6 +464,7 @@ def fnet_encoder(length: int):
     return keras.Model(tokens, keras.layers.Dense(2)(pooled))
 
 
+@pytest.mark.slow
 @needs_onnxruntime
 @needs_litert
 @pytest.mark.parametrize("length", [16, 40])

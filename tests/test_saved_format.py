@@ -9,6 +9,7 @@ import shutil
 from pathlib import Path
 
 import numpy as np
+import pytest
 from helpers import dense_model, needs_litert
 
 import infertune
@@ -136,6 +137,7 @@ def test_paths_expand_the_home_directory(tmp_path, rng, monkeypatch):
     assert infertune.load("~/saved", verbose=False).backend == "onnxruntime-cpu"
 
 
+@pytest.mark.slow
 def test_one_candidate_at_every_tuned_batch_size_keeps_every_size(tmp_path, rng):
     x = rng.standard_normal((4, 6)).astype("float32")
     opt = infertune.optimize(

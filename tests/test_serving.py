@@ -49,6 +49,7 @@ def dict_saved(tmp_path_factory):
     return opt.save(tmp_path_factory.mktemp("served") / "scorer")
 
 
+@pytest.mark.slow
 def test_served_model_names_shapes_and_batches_requests(dense_saved, dict_saved):
     model = ServedModel(dense_saved)
     assert [(s.name, s.dtype.name, s.shape) for s in model.inputs] == [("x", "float32", (None, 6))]

@@ -3,9 +3,14 @@ most promising candidates first, and every shortcut gives what the long way gave
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import io
 import json
+import os
+import signal
+import subprocess
+import sys
 import threading
 import time
 from collections import Counter
@@ -15,11 +20,18 @@ import numpy as np
 import pytest
 from crashing_backends import RaisesInChild, SegfaultsAtFirstCall
 from custom_layers import Doubling, doubling_model
-from helpers import conv_model, dense_model, flatten_cnn, needs_litert, prepared_backend
+from helpers import (
+    conv_model,
+    dense_model,
+    flatten_cnn,
+    needs_litert,
+    prepared_backend,
+)
 
 import infertune
 from infertune.backends.base import Backend
 from infertune.backends.litert import LiteRT, _Interpreters, _ops
+from infertune.export.registry import CONVERSIONS
 from infertune.export.tflite import convert, reads_shapes
 from infertune.inputs import build_signature
 from infertune.machine import PEAK_EVERY, MachineRecord
@@ -227,6 +239,24 @@ def test_costs_learned_here_correct_the_estimates(tmp_path):
     assert corrected > plain
 
 
+def test_a_conversion_made_in_a_worker_is_learned_at_its_time_there_not_the_wait(tmp_path):
+    """This process waits little for a conversion a worker made: learned as its cost, that
+    wait would put the next run's estimate under the worker's threshold (offload.py)."""
+    from infertune.pipeline.planning import learn_from_run
+    from infertune.stages import StageTimes
+
+    record = MachineRecord("fingerprint", tmp_path / "machine.json")
+    probe = Probe(flops=1_000_000, flops_note="", trace_s=1.0, call_s=0.01)
+    times = StageTimes()
+    times.add("TFLite full int8 conversion", 0.2)  # the wait here
+    times.add_background("(shared)", 26.0, "TFLite full int8 conversion in a worker process")
+    learn_from_run(record, probe, [], {}, times, "litert-int8")
+    fixed, per_trace = CONVERSIONS["tflite-int8"].cost
+    assert record.correction("conversion tflite-int8") == pytest.approx(
+        26.0 / (fixed + per_trace * probe.trace_s)
+    )
+
+
 # -- shortcuts give what the long way gave ----------------------------------------------------
 def test_the_peak_is_measured_once_then_read_until_it_is_due_again(tmp_path):
     record = MachineRecord("fingerprint", tmp_path / "machine.json")
@@ -307,6 +337,7 @@ def test_shape_arithmetic_still_gets_the_fixed_conversion():
     assert backend._fixed is not None and backend._fixed_run is not None
 
 
+@pytest.mark.slow
 @needs_litert
 def test_a_conversion_made_in_a_worker_process_runs_as_one_made_here(monkeypatch):
     # A tiny model's conversion too, whatever the machine's load (settings.py).
@@ -323,6 +354,44 @@ def test_a_conversion_made_in_a_worker_process_runs_as_one_made_here(monkeypatch
         np.testing.assert_array_equal(opt(sample), here.run([sample])[0])
 
 
+@pytest.mark.timing
+def test_a_core_is_free_for_a_worker_unless_other_processes_fill_them():
+    """What this process and its children do (a thread spinning, a child spinning) leaves a
+    core free; other processes spinning on every core do not. Timing tier: a busy machine
+    moves what is measured."""
+    from infertune.environment import usable_cores
+    from infertune.pipeline.offload import _cores_busy_elsewhere, _free_core
+
+    spin = "import time\nend = time.time() + 5\nwhile time.time() < end: pass"
+    stop = threading.Event()
+    spinning = threading.Thread(target=lambda: [None for _ in iter(stop.is_set, True)])
+    spinning.start()
+    child = subprocess.Popen([sys.executable, "-c", spin])
+    try:
+        time.sleep(0.5)  # the child's start-up
+        assert _free_core() is None
+    finally:
+        stop.set()
+        spinning.join()
+        child.kill()
+        child.wait()
+    # Not children: started by a shell that exits at once.
+    cores = usable_cores()
+    one = f"{sys.executable} -c '{spin}' >/dev/null 2>&1 & echo $!"
+    script = f"for i in $(seq {cores}); do {one}; done"
+    started = subprocess.run(["sh", "-c", script], capture_output=True, text=True, check=True)
+    others = [int(pid) for pid in started.stdout.split()]
+    try:
+        time.sleep(0.5)
+        assert _cores_busy_elsewhere() > cores - 1
+        assert "leaves no core free" in _free_core()
+    finally:
+        for pid in others:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.slow
 @needs_litert
 def test_a_worker_process_loads_a_model_of_the_users_own_layers(monkeypatch):
     # Keras loads a class it does not define only where it is named or registered in the

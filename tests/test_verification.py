@@ -121,6 +121,7 @@ def keras_feature_map(model, x):
     return keras.Model(model.input, model.layers[-3].output)(x).numpy()
 
 
+@pytest.mark.slow
 def test_exact_runtimes_on_a_deep_network_are_accepted():
     import infertune.backends as registry
 

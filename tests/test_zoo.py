@@ -10,6 +10,7 @@ sample's, and the report names the candidate it chose.
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 import infertune
 
@@ -138,6 +139,7 @@ def images(rng, batch: int, height: int, width: int) -> np.ndarray:
 
 
 # -- tests -----------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_text_model_over_a_variable_length(rng):
     sample = rng.integers(0, 50, (2, 12)).astype(np.int32)
     others = {
@@ -148,6 +150,7 @@ def test_text_model_over_a_variable_length(rng):
     check_tuned(text_conv1d(), sample, others)
 
 
+@pytest.mark.slow
 def test_gru_over_a_variable_length(rng):
     def sequences(batch, length):
         return rng.standard_normal((batch, length, 8)).astype(np.float32)
@@ -161,6 +164,7 @@ def test_gru_over_a_variable_length(rng):
     assert_ran(opt, "onnxruntime-cpu")
 
 
+@pytest.mark.slow
 def test_transformer_with_dict_inputs_over_a_variable_length(rng):
     opt = check_tuned(
         transformer_varlen(),
@@ -174,6 +178,7 @@ def test_transformer_with_dict_inputs_over_a_variable_length(rng):
     assert_ran(opt, "onnxruntime-cpu")
 
 
+@pytest.mark.slow
 def test_cnn_with_free_height_and_width(rng):
     opt = check_tuned(
         cnn_free_size(),
@@ -187,6 +192,7 @@ def test_cnn_with_free_height_and_width(rng):
     assert_ran(opt, "onnxruntime-cpu")
 
 
+@pytest.mark.slow
 def test_cnn_with_efficientnet_preprocessing_layers(rng):
     opt = check_tuned(
         normalized_cnn(),
@@ -197,6 +203,7 @@ def test_cnn_with_efficientnet_preprocessing_layers(rng):
     assert_ran(opt, "onnxruntime-cpu")
 
 
+@pytest.mark.slow
 def test_keras_applications_mobilenet():
     """The cheapest keras.applications model to prepare (MobileNet, alpha 0.25, 32x32: about
     90 layers, 20 s here); every exact CPU runtime runs it."""

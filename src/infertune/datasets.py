@@ -27,6 +27,10 @@ __all__ = ["LabelledBatch", "calibration_batches", "labelled_batches", "samples"
 # accuracy at 95%).
 MAX_CALIBRATION_SAMPLES = 512
 MAX_LABELLED_SAMPLES = 10_000
+# Labelled data is cut into batches of at most this many rows: what the model and each
+# candidate run at a time on it (memory bounded whatever the user's batch), and the model's
+# own first batch is what the metric is checked on before any long work (pipeline/gate.py).
+LABELLED_BATCH = 32
 
 
 @dataclass
@@ -57,8 +61,9 @@ def calibration_batches(
 def labelled_batches(
     data: Any, signature: InputSignature, max_samples: int = MAX_LABELLED_SAMPLES
 ) -> list[LabelledBatch]:
-    """`Accuracy(data=...)` as labelled batches: flat inputs checked against the signature,
-    labels with as many rows as the inputs (OptionError otherwise)."""
+    """`Accuracy(data=...)` as labelled batches of at most LABELLED_BATCH rows, max_samples in
+    all: flat inputs checked against the signature, labels with as many rows as the inputs
+    (OptionError otherwise)."""
     pairs = [data] if _is_pair(data) else _batches(data, "Accuracy(data=...)", 0)
     batches, count = [], 0
     for pair in pairs:
@@ -77,8 +82,11 @@ def labelled_batches(
                 f"Accuracy(data=...): the labels have shape {labels.shape}, the inputs a batch "
                 f"of {size}: give one label (row) per sample."
             )
-        batches.append(LabelledBatch(flat, labels))
-        count += size
+        take = min(size, max_samples - count)
+        for start in range(0, take, LABELLED_BATCH):
+            end = min(start + LABELLED_BATCH, take)
+            batches.append(LabelledBatch([a[start:end] for a in flat], labels[start:end]))
+        count += take
         if count >= max_samples:
             break
     if count == 0:

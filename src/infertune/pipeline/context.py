@@ -16,6 +16,8 @@ from ..backends import Backend
 from ..report import CandidateResult
 
 if TYPE_CHECKING:  # the values it carries; the modules that use them import them
+    import numpy as np
+
     from ..machine import MachineRecord
     from ..options import Options
     from ..progress import Progress
@@ -47,6 +49,9 @@ class Candidate:
     # A quantized candidate whose first quantization failed the gate: the verdict its search
     # for one that passes starts from (precision.py), once every candidate has had its first.
     failed_gate: Mismatch | None = None
+    # A reduced-precision candidate's (outputs, the model's) on each check: what the
+    # agreement rule judges, kept from its verification to its gate.
+    checked: list[tuple[list[np.ndarray], list[np.ndarray]]] | None = None
 
     @property
     def name(self) -> str:
@@ -80,7 +85,12 @@ class Preparation:
     states: list[Candidate] = field(default_factory=list)  # every candidate but the reference
     # What reduced-precision candidates are judged by (gate.py); None: no data was given.
     precision: PrecisionData | None = None
-    # The quantized candidates whose search waits for every candidate's first verdict.
+    # The reduced-precision candidates verified, whose gate waits for every candidate's
+    # first verdict; the quantized ones whose search waits for every gate's verdict.
+    to_judge: list[Candidate] = field(default_factory=list)
+    # p50 ms on the sample of those and the float32 candidates that may be the fastest,
+    # timed together before they are judged: the order of the gates and the searches.
+    sample_p50: dict[str, float] = field(default_factory=dict)
     to_search: list[Candidate] = field(default_factory=list)
 
     @property

@@ -12,6 +12,7 @@ a class the worker cannot import), the report's notes say why it was made here.
 from __future__ import annotations
 
 import os
+import time
 from typing import TYPE_CHECKING
 
 from ..environment import usable_cores
@@ -25,7 +26,7 @@ from .tf_worker import OffloadedConversion, custom_classes
 if TYPE_CHECKING:
     from .context import Candidate, Preparation
 
-__all__ = ["OFFLOAD_MIN_S", "offload"]
+__all__ = ["BUSY_WINDOW_S", "OFFLOAD_MIN_S", "offload"]
 
 # A shared conversion expected to take at least this long goes to a worker process. Since the
 # TFLite conversion stopped rebuilding its frozen function (3-4 s for ResNet50 128x128
@@ -91,16 +92,75 @@ def offload(others: list[Candidate], run: Preparation) -> None:
 def _free_core() -> str | None:
     """None where a core is free for a worker process, else why not. A worker adds work (its
     imports, the model saved and loaded again: 5-10 s of CPU for ResNet50) to save time only
-    by running on a core nothing else uses: on a machine whose load average already fills
-    its cores, it would slow this process down instead."""
+    by running on a core nothing else uses: on a machine whose cores other processes already
+    fill, it would slow this process down instead. What this process and its children do
+    does not count: the 1-minute load average, read alone, counted this process's own work
+    just before (a model.predict() in the caller's script held the worker back); it is read
+    only where /proc/stat is missing."""
+    cores = usable_cores()
+    others = _cores_busy_elsewhere()
+    if others is not None:
+        if others <= cores - 1:
+            return None
+        return (
+            f"other processes kept {others:.1f} of {cores} cores busy (timed for "
+            f"{BUSY_WINDOW_S:g} s), which leaves no core free for it"
+        )
     try:
         load = os.getloadavg()[0]
     except OSError:  # not available on this platform: nothing says the cores are busy
         return None
-    cores = usable_cores()
     if load <= cores - 1:
         return None
     return f"the load average {load:.1f} on {cores} cores leaves no core free for it"
+
+
+BUSY_WINDOW_S = 0.5  # how long the machine's use by other processes is timed
+
+
+def _cores_busy_elsewhere() -> float | None:
+    """Cores kept busy by other processes over BUSY_WINDOW_S: the machine's busy time
+    (/proc/stat) less this process's own and its children's (the rehearsal child imports its
+    runtimes meanwhile: 1.6 cores of 2 counted as busy elsewhere without it); None where
+    /proc/stat is missing."""
+    ticks_per_s = os.sysconf("SC_CLK_TCK")
+
+    def busy_s() -> float:
+        with open("/proc/stat") as stat:
+            ticks = [int(v) for v in stat.readline().split()[1:8]]
+        # user, nice, system, irq, softirq: not idle, iowait, nor steal (a virtual machine's
+        # cores taken by its host count there, and no process of its own runs on them)
+        return (sum(ticks) - ticks[3] - ticks[4]) / ticks_per_s
+
+    def own_s() -> float:
+        import resource  # POSIX: where it is missing, so is /proc/stat
+
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        return usage.ru_utime + usage.ru_stime + _children_s(ticks_per_s)
+
+    try:
+        start, machine, own = time.perf_counter(), busy_s(), own_s()
+        time.sleep(BUSY_WINDOW_S)
+        elapsed = time.perf_counter() - start
+        return max(0.0, (busy_s() - machine - (own_s() - own)) / elapsed)
+    except (OSError, ValueError, ImportError):
+        return None
+
+
+def _children_s(ticks_per_s: int) -> float:
+    """CPU seconds of this process's live children (/proc/PID/stat: utime, stime)."""
+    me, total = str(os.getpid()), 0.0
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as stat:
+                fields = stat.read().rsplit(")", 1)[1].split()
+        except OSError:  # it ended meanwhile
+            continue
+        if fields[1] == me:  # after the name: state, ppid, ... utime (12th), stime (13th)
+            total += (int(fields[11]) + int(fields[12])) / ticks_per_s
+    return total
 
 
 def _no_memory_for_worker(key: str, run: Preparation) -> str | None:

@@ -125,6 +125,7 @@ def make_package(model: Model, options: Options, path: Path, progress: Progress)
     data = precision_data(
         model.calibration, options.accuracy, model.labelled, outputs, reference_call
     )
+    data.complete()  # every prediction by the model itself: the package stores them
     path.mkdir(parents=True, exist_ok=True)
     try:
         conversions = _write_conversions(target, options, path, progress, model.calibration)

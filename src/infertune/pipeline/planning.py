@@ -199,9 +199,13 @@ def learn_from_run(
     the machine's record, and save it."""
     for key, (weights, peak) in (conversion_memory or {}).items():
         record.learn_memory(key, weights, peak)
+    in_workers = times.background.get("(shared)", {})
     for stage, seconds in times.shared.items():
         key = next((k for k, c in CONVERSIONS.items() if c.stage == stage), None)
         if key is not None:
+            # Made in a worker process: its time there, not this process's wait for it
+            # (learned as the cost, the wait would keep the next run's from the worker).
+            seconds = in_workers.get(f"{stage} in a worker process", seconds)
             fixed, per_trace = CONVERSIONS[key].cost
             record.learn_cost(f"conversion {key}", fixed + per_trace * probe.trace_s, seconds)
     for cls, name in candidates:

@@ -11,8 +11,9 @@ candidate is quantized again, judged, and timed against the fastest candidates v
 (`rivals`: float32, bf16, or another quantized one that passed; interleaved, a second or so:
 `race`). The search stops when one passes (the report names the layers kept and what each
 cost), when keeping one more leaves it no faster than the fastest of them, or after MAX_KEPT
-layers. preparing.py runs the searches once every candidate has its first verdict, the
-fastest first, and none for a candidate already slower than one verified.
+layers. preparing.py runs the searches once every gate has its verdict, the fastest first,
+and none for a candidate whose p50 quantized throughout is not at most SEARCH_FASTER times
+the fastest verified one's.
 """
 
 from __future__ import annotations
@@ -34,12 +35,16 @@ if TYPE_CHECKING:
     from .context import Preparation
     from .isolation import Isolation
 
-__all__ = ["MAX_KEPT", "race", "rivals", "search"]
+__all__ = ["MAX_KEPT", "SEARCH_FASTER", "race", "rivals", "search", "time_together"]
 
 MAX_KEPT = 6  # layers kept in float32 at most, one more each step
 DIVERGES = 0.05  # relative error a layer adds that counts as diverging from float32
 TIMING_S = 1.0  # the interleaved timing of a variant against the fastest verified candidates
 RIVALS_WITHIN = 3.0  # verified candidates timed against it: calls within 3x the fastest's
+# A candidate that failed the gate is searched only where, quantized throughout, its p50 is
+# at most this times the fastest verified one's: each layer kept in float32 slows it, and
+# two candidates timed together for a second differ by 5-10% from one run to the next.
+SEARCH_FASTER = 0.9
 
 
 def search(
@@ -190,20 +195,25 @@ def rivals(run: Preparation) -> list[Any]:
 def race(variant: Any, rivals: list[Any], run: Preparation) -> tuple[float | None, Any, float]:
     """`variant` timed interleaved with `rivals` on the sample: its p50 ms, the fastest
     rival, and that one's p50 ms (None and inf without rivals)."""
-    sample = run.checks[0].inputs
-    runners = {b.name: (lambda b=b: b.run(sample)) for b in (variant, *rivals)}
-    measured = measure_interleaved(
-        runners,
-        budget_s=TIMING_S,
-        min_rounds=3,
-        cooldown_s={b.name: b.cooldown_s for b in (variant, *rivals)},
-    )
-    p50 = {name: stats.p50 for name, stats in measured.stats.items()}
+    p50 = time_together([variant, *rivals], run)
     timed = [b for b in rivals if p50.get(b.name) is not None]
     if not timed:
         return p50.get(variant.name), None, math.inf
     best = min(timed, key=lambda b: p50[b.name])
     return p50.get(variant.name), best, p50[best.name]
+
+
+def time_together(backends: list[Any], run: Preparation) -> dict[str, float]:
+    """Each backend's p50 ms on the sample, all timed interleaved (TIMING_S, 3 rounds at
+    least); none for one whose calls failed."""
+    sample = run.checks[0].inputs
+    measured = measure_interleaved(
+        {b.name: (lambda b=b: b.run(sample)) for b in backends},
+        budget_s=TIMING_S,
+        min_rounds=3,
+        cooldown_s={b.name: b.cooldown_s for b in backends},
+    )
+    return {name: s.p50 for name, s in measured.stats.items() if s.p50 is not None}
 
 
 def _settings(backend: Any) -> str:

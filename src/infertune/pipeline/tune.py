@@ -36,7 +36,7 @@ from ..verify import ELEMENT_RULE, compare_outputs
 from .budget import Budget
 from .context import Preparation
 from .diagnosis import diagnose
-from .gate import precision_data
+from .gate import FIRST_ROWS, precision_data
 from .isolation import Isolation
 from .measuring import close_quietly, concurrency_note, measure_batches
 from .memory import conversion_memory_learned
@@ -183,6 +183,11 @@ def _tune(
         if (result.quantization or backend.precision_note)
         and result.status not in ("skipped", "unavailable")
     ]
+    if precision is not None and precision.predicted_by != "the model":
+        precision_notes.append(
+            f"the model's predictions on the labelled data by {precision.predicted_by} (verified, "
+            f"and within rtol/atol of the model's own on the first {FIRST_ROWS} rows)"
+        )
     _check_own_call(results[0], options.reference)
     kinds = [(type(b), b.name) for b in backends]
     del backends  # a rejected candidate is referenced by nobody

@@ -5,7 +5,8 @@ against the reference (verify.py's rule under rtol/atol); a candidate that diffe
 A reduced-precision candidate (bf16, int8) is judged by the gate instead of rtol/atol
 (gate.py, accuracy.py): its outputs on the checks must still have the model's structure,
 shapes and dtypes and no NaN where the model has none; then the task's metric on the user's
-labelled data, or the agreement rule, decides (the `gate` stage).
+labelled data, or the agreement rule, decides (the `gate` stage: `judge_candidate`, which the
+scheduler may call once every candidate is verified, preparing.py).
 
 Which checks a candidate runs: all of them, or for one that runs only the sample's exact
 shapes (`Backend.exact_shapes`), those of its shapes (`checks_for`).
@@ -31,7 +32,7 @@ if TYPE_CHECKING:
     from .context import Candidate, Preparation
     from .isolation import Isolation
 
-__all__ = ["Mismatch", "checks_for", "first_call_and_verify"]
+__all__ = ["Mismatch", "checks_for", "first_call_and_verify", "judge_candidate"]
 
 # How a stage of the candidate is run and timed: (state, run, stage, text, fn) -> fn().
 StageRunner = Callable[["Candidate", "Preparation", str, str, Callable[[], Any]], Any]
@@ -61,10 +62,16 @@ def checks_for(backend: Backend, checks: list[Check]) -> list[Check]:
 
 
 def first_call_and_verify(
-    state: Candidate, run: Preparation, isolation: Isolation, stage: StageRunner
+    state: Candidate,
+    run: Preparation,
+    isolation: Isolation,
+    stage: StageRunner,
+    gate_now: bool = True,
 ) -> None:
     """Time the first call, verify on every check (raises Mismatch on a mismatch); each is a
-    stage run by `stage` (this thread's timeline or the background's)."""
+    stage run by `stage` (this thread's timeline or the background's). A reduced-precision
+    candidate is then judged by the gate (`judge_candidate`), unless `gate_now` is False: the
+    caller judges it later (its outputs on the checks are kept in `state.checked`)."""
     backend, result = state.backend, state.result
     name, deadline = backend.name, state.deadline
     checks = checks_for(backend, run.checks)
@@ -117,16 +124,11 @@ def first_call_and_verify(
     if not comparison:
         raise Mismatch(comparison.reason)
     if reduced:
-        data = run.precision or PrecisionData()
-        judgement = stage(
-            state, run, "gate", f"{name}: judging its {backend.precision} outputs",
-            lambda: isolation.call(lambda: judge(backend.run, data, checked), deadline, "gate"),
-        )  # fmt: skip
-        record(result, judgement)
-        result.quantization = backend.precision_note or None
-        if not judgement:
-            raise Mismatch(f"{describe(judgement)}", judgement)
-        run.progress.say(f"{name}: passed the gate: {judgement.reason}")
+        state.checked = checked
+        if gate_now:
+            judge_candidate(state, run, isolation, stage)
+        else:
+            run.progress.say(f"{name}: verified; its gate waits for every first verdict")
         return
     only = ""
     if len(checks) < len(run.checks):
@@ -135,6 +137,26 @@ def first_call_and_verify(
             f"({backend.exact_reason})"
         )
     run.progress.say(f"{name}: verified (relative error {comparison.max_rel_err:.1e}{only})")
+
+
+def judge_candidate(
+    state: Candidate, run: Preparation, isolation: Isolation, stage: StageRunner
+) -> None:
+    """The gate's verdict on a verified reduced-precision candidate, in its result (raises
+    Mismatch, with the judgement, where it fails)."""
+    backend, result = state.backend, state.result
+    data = run.precision or PrecisionData()
+    judgement = stage(
+        state, run, "gate", f"{backend.name}: judging its {backend.precision} outputs",
+        lambda: isolation.call(
+            lambda: judge(backend.run, data, state.checked or []), state.deadline, "gate"
+        ),
+    )  # fmt: skip
+    record(result, judgement)
+    result.quantization = backend.precision_note or None
+    if not judgement:
+        raise Mismatch(f"{describe(judgement)}", judgement)
+    run.progress.say(f"{backend.name}: passed the gate: {judgement.reason}")
 
 
 def record(result: CandidateResult, judgement: Judgement) -> None:
