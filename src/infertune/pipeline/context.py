@@ -88,10 +88,10 @@ class Preparation:
     # The reduced-precision candidates verified, whose gate waits for every candidate's
     # first verdict; the quantized ones whose search waits for every gate's verdict.
     to_judge: list[Candidate] = field(default_factory=list)
-    # p50 ms on the sample of those and the float32 candidates that may be the fastest,
-    # timed together before they are judged: the order of the gates and the searches.
-    sample_p50: dict[str, float] = field(default_factory=dict)
     to_search: list[Candidate] = field(default_factory=list)
+    # p50 ms on the sample of those to judge and the fastest float32 candidates, timed
+    # together before the gates: the order of the gates and the searches.
+    sample_p50: dict[str, float] = field(default_factory=dict)
 
     @property
     def memory_tight(self) -> str | None:

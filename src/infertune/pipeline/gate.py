@@ -17,7 +17,6 @@ among the inputs of the agreement rule, with the verification inputs.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -53,7 +52,6 @@ class PrecisionData:
     # that passes is judged again with the labelled data in batches of each (dynamic
     # quantization computes its ranges per call, so a batch's size can change the outputs).
     batch_sizes: list[int] = field(default_factory=list)
-    seconds: float = 0.0
 
     @property
     def rule(self) -> str:
@@ -75,21 +73,18 @@ class PrecisionData:
         rows within `tolerance` (rtol, atol), else by the model itself."""
         if len(self.predictions) >= len(self.labelled):
             return
-        start = time.perf_counter()
         made = None
         if call is not None:
             try:
-                rows = _first_rows(self.labelled)
-                if compare_outputs([call(rows)[self.output]], [self.first], *tolerance):
-                    made = [call(batch.inputs)[self.output] for batch in self.labelled]
+                made = [call(batch.inputs)[self.output] for batch in self.labelled]
             except Exception:  # a candidate that fails here leaves them to the model
                 made = None
-        if made is None:
+        first = made[0][:FIRST_ROWS] if made else None
+        if first is None or not compare_outputs([first], [self.first], *tolerance):
             by = "the model"
             made = [self.reference_call(batch.inputs)[self.output] for batch in self.labelled]
         self.predictions = made
         self.predicted_by = by
-        self.seconds += time.perf_counter() - start
 
 
 def precision_data(
@@ -105,7 +100,6 @@ def precision_data(
     the metric checked on them (OptionError saying what is wrong, before any long work).
     `references` False: not the outputs on the calibration inputs where the labelled data
     judges (only the agreement rule reads them)."""
-    start = time.perf_counter()
     data = PrecisionData(accuracy=accuracy, reference_call=call)
     if calibration:
         data.calibration = calibration
@@ -116,7 +110,6 @@ def precision_data(
         data.output = _output_index(accuracy, outputs)
         data.first = call(_first_rows(labelled))[data.output]
         check_metric(accuracy, labelled[0].labels[:FIRST_ROWS], data.first)
-    data.seconds = time.perf_counter() - start
     return data
 
 
