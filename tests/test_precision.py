@@ -267,6 +267,26 @@ def test_the_models_predictions_come_from_a_float32_candidate_only_where_it_agre
     assert failing.predicted_by == "the model" and len(failing.predictions) == 3
 
 
+@needs_onnxruntime
+@needs_litert
+def test_the_models_predictions_are_made_beside_the_conversions(classifier, digits):
+    """Once ONNX Runtime in float32 is verified, it makes the model's predictions on the
+    labelled data in a thread of its own while the TFLite int8 conversion runs (timed apart,
+    in the background); the gate's verdict is the one the model's own predictions give."""
+    x, y = digits["validation"]
+    opt = infertune.optimize(
+        classifier, x[:1], backends=["onnxruntime-cpu", "litert-int8"], precision=INT8,
+        calibration=digits["calibration"], accuracy=Accuracy((x, y)), verbose=False,
+    )  # fmt: skip
+    stages = opt.report.stages.to_dict()
+    assert "accuracy reference" in stages["background_s"]["onnxruntime-cpu"], stages
+    assert "accuracy reference" not in stages["shared_s"], stages
+    assert any("predictions on the labelled data by onnxruntime-cpu" in n for n in opt.report.notes)
+    quantized = _by_name(opt)["litert-int8"]
+    assert quantized.status in ("ok", "selected"), (quantized.status, quantized.reason)
+    assert quantized.reference_metric == pytest.approx(_accuracy(classifier, x, y))
+
+
 def test_the_gate_rejects_a_drop_beyond_the_budget_and_accepts_one_within():
     rng = np.random.default_rng(0)
     labels = rng.integers(0, 10, 1000)

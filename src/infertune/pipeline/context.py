@@ -92,6 +92,9 @@ class Preparation:
     # p50 ms on the sample of those to judge and the fastest float32 candidates, timed
     # together before the gates: the order of the gates and the searches.
     sample_p50: dict[str, float] = field(default_factory=dict)
+    # The model's predictions on the labelled data being made in a thread of their own by a
+    # verified float32 candidate (preparing.py `_predict_early`): its name, their future.
+    predicting: tuple[str, Future] | None = None
 
     @property
     def memory_tight(self) -> str | None:

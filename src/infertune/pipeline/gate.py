@@ -67,24 +67,37 @@ class PrecisionData:
         call: Callable[[list[np.ndarray]], list[np.ndarray]] | None = None,
         by: str = "",
         tolerance: tuple[float, float] = (1e-3, 1e-5),
+        made: list[np.ndarray] | None = None,
     ) -> None:
         """The model's predictions on every labelled batch, made once: by `call` (a verified
-        float32 candidate, named `by`) where it gives the model's predictions on the first
-        rows within `tolerance` (rtol, atol), else by the model itself."""
-        if len(self.predictions) >= len(self.labelled):
+        float32 candidate, named `by`), or `made` by it already (`predictions_by`), where it
+        gives the model's predictions on the first rows within `tolerance` (rtol, atol),
+        else by the model itself."""
+        if self.predicted:
             return
-        made = None
-        if call is not None:
-            try:
-                made = [call(batch.inputs)[self.output] for batch in self.labelled]
-            except Exception:  # a candidate that fails here leaves them to the model
-                made = None
+        if made is None and call is not None:
+            made = self.predictions_by(call)
         first = made[0][:FIRST_ROWS] if made else None
         if first is None or not compare_outputs([first], [self.first], *tolerance):
             by = "the model"
             made = [self.reference_call(batch.inputs)[self.output] for batch in self.labelled]
         self.predictions = made
         self.predicted_by = by
+
+    def predictions_by(
+        self, call: Callable[[list[np.ndarray]], list[np.ndarray]]
+    ) -> list[np.ndarray] | None:
+        """`call`'s predictions on every labelled batch; None where it fails (the model then
+        makes them). Safe in a thread of its own: it reads only the labelled data."""
+        try:
+            return [call(batch.inputs)[self.output] for batch in self.labelled]
+        except Exception:
+            return None
+
+    @property
+    def predicted(self) -> bool:
+        """Whether the model's predictions on every labelled batch are made."""
+        return len(self.predictions) >= len(self.labelled)
 
 
 def precision_data(

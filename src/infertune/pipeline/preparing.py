@@ -15,10 +15,12 @@ next candidate's conversion (an ONNX export, a TFLite conversion: the longest st
 compiles the rehearsed one here once the child has answered. Only a candidate whose rehearsal
 survived is ever compiled in this process.
 
-Reduced-precision candidates are judged by the gate once every candidate is verified (the
-float32 ones give the model's predictions on the labelled data, faster than the model), the
+Reduced-precision candidates are judged by the gate once every candidate is verified, the
 fastest first, and only while they can still be chosen; the searches for a quantization that
-passes come last, on the same rule.
+passes come last, on the same rule. The model's predictions on the labelled data are made by a
+verified float32 candidate (faster than the model), in a thread of their own beside the
+conversions still to come, once the float32 candidates started so far are verified
+(`_predict_early`).
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FuturesTimeout
 from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 from ..backends import Backend
 from ..backends.base import NotApplicable
@@ -128,6 +132,8 @@ def prepare_all(candidates: list[Backend], run: Preparation) -> Prepared:
                     _contend(state, run)
             elif _start(state, run, background):
                 pending.append(state)
+                if state.backend.precision == "fp32":
+                    state.future.add_done_callback(lambda _: _predict_early(run))
         run.converted.set()
         for state in pending:
             _finish(state, run)
@@ -137,6 +143,8 @@ def prepare_all(candidates: list[Backend], run: Preparation) -> Prepared:
         run.converted.set()
         if background is not None:
             background.shutdown(wait=False)  # every task was waited for, or abandoned
+        if run.predicting is not None:  # no candidate is closed while it runs one
+            run.predicting[1].result()
         target.close_offloaded()
         target.release_traced()  # every conversion that starts from it is made
     return Prepared([s.result for s in states], run.contenders, run.call_estimates, tried)
@@ -426,6 +434,7 @@ def _judge_waiting(run: Preparation) -> None:
     while it can still be chosen (`_not_judged`). On ResNet50 224 five gates took 41 s of
     optimize()'s 135 s; the fastest candidate passed, and none of the others could have been
     chosen."""
+    _await_predictions(run)
     if not run.to_judge:
         return
     by_estimate = sorted(rivals(run), key=lambda b: run.call_estimates.get(b.name, math.inf))
@@ -454,12 +463,69 @@ def _judge_waiting(run: Preparation) -> None:
             _contend(state, run)
 
 
-def _complete_predictions(run: Preparation, verified: list[Backend]) -> None:
-    """The model's predictions on the labelled data (gate.py), by the fastest of the `verified`
-    float32 candidates on the sample that runs every batch size; by the model itself where
-    there is none, or where it differs from the model on the first rows."""
+def _predict_early(run: Preparation) -> None:
+    """The model's predictions on the labelled data (gate.py) started in a thread of their own
+    once every float32 candidate started so far has its verdict (called as each verdict
+    comes), by the verified one of least call estimate (verification's): they then run beside
+    the conversions still to come, the quantizing ones among them, which keep one core of two
+    most of their time (TFLite's calibrator and converter). Not where memory is tight (nothing
+    runs beside the conversions there), nor where no reduced-precision candidate is left."""
     data = run.precision
-    if data is None or len(data.predictions) >= len(data.labelled):
+    if data is None or data.predicted or run.memory_tight is not None:
+        return
+    with run.lock:
+        if run.predicting is not None:
+            return
+        float32 = [s for s in run.states if s.backend.precision == "fp32" and s.future]
+        if any(not s.future.done() for s in float32):
+            return
+        if not any(s.backend.precision != "fp32" and s.result.status == "ok" for s in run.states):
+            return
+        verified = [
+            s for s in float32
+            if s.backend.exact_shapes is None and s.future.exception() is None
+            and s.name in run.call_estimates
+        ]  # fmt: skip
+        if not verified:
+            return
+        fastest = min(verified, key=lambda s: run.call_estimates[s.name])
+        started = time.perf_counter()
+
+        def predict() -> list[np.ndarray] | None:
+            try:
+                return data.predictions_by(fastest.backend.run)
+            finally:
+                seconds = time.perf_counter() - started
+                run.progress.times.add_background(fastest.name, seconds, "accuracy reference")
+
+        thread = ThreadPoolExecutor(1, "infertune predictions")
+        run.predicting = (fastest.name, thread.submit(predict))
+        thread.shutdown(wait=False)
+    run.progress.say(
+        f"the model's predictions on the labelled data: by {fastest.name}, beside the conversions"
+    )
+
+
+def _await_predictions(run: Preparation) -> None:
+    """The predictions started by `_predict_early` awaited, and the model's made from them
+    (by the model itself where they failed or differ from its own on the first rows)."""
+    data = run.precision
+    if run.predicting is None or data is None or data.predicted:
+        return
+    name, future = run.predicting
+    text = f"waiting for the model's predictions on the labelled data by {name}"
+    with run.progress.timed("waiting for the accuracy reference", text=text):
+        data.complete(None, name, (run.options.rtol, run.options.atol), made=future.result())
+    run.progress.say(f"the model's predictions on the labelled data made by {data.predicted_by}")
+
+
+def _complete_predictions(run: Preparation, verified: list[Backend]) -> None:
+    """The model's predictions on the labelled data (gate.py), where `_predict_early` did not
+    make them: by the fastest of the `verified` float32 candidates on the sample that runs
+    every batch size; by the model itself where there is none, or where it differs from the
+    model on the first rows."""
+    data = run.precision
+    if data is None or data.predicted:
         return
     usable = [b for b in verified if b.precision == "fp32" and b.exact_shapes is None]
     fastest = min(usable, key=lambda b: run.sample_p50.get(b.name, math.inf), default=None)
