@@ -24,7 +24,7 @@ keyed by the model's name and its Spec's version), so reruns skip the training:
 * mobilenetv2-224: keras.applications MobileNetV2 (alpha 1.0) at 224x224, include_top=False
   with average pooling and a Dense head, trained end to end on the digits upscaled to
   224x224x3 (10 epochs, batches of 32, Adam with a cosine decay from 1e-3,
-  BatchNormalization momentum 0.9; about 10 minutes on 2 cores); at least 95%. (Its random
+  BatchNormalization momentum 0.9; 14 minutes on 2 cores); at least 95%. (Its random
   body with a linear head lost 4-11 points in every int8, by hand too: the gate judged an
   artefact of random weights, not what users quantize.)
 * bert-encoder: a BERT-sized encoder (vocabulary 30522, positions, 4 blocks of width 768, 12
@@ -325,12 +325,12 @@ def shapes_mobilenetv2(data: Data, quick: bool):
         stages = [(24, 2, 2), (32, 2, 3), (64, 2, 3)]
         body = inverted_residuals(side, stages, 256, "mobilenetv2_style")
     model = keras.Model(body.input, keras.layers.Dense(3)(body.output), name="shapes")
-    quick_batch_norms(model)
+    short_run_batch_norms(model)
     fit(model, data, epochs=3 if quick else 12, learning_rate=2e-3)
     return model
 
 
-def quick_batch_norms(model) -> None:
+def short_run_batch_norms(model) -> None:
     """Every BatchNormalization's momentum 0.9: Keras' default (0.99; 0.999 in
     keras.applications) leaves the moving statistics far behind a short training run, and
     the model in inference mode then predicts one class."""
@@ -433,7 +433,7 @@ def mobilenetv2_trained(data: Data, quick: bool):
         )
     head = keras.layers.Dense(10, name="head")
     model = keras.Model(body.input, head(body.output), name="mobilenetv2_digits")
-    quick_batch_norms(model)
+    short_run_batch_norms(model)
     fit(model, data, epochs=2 if quick else 10, batch=32, decay=True)
     return model
 
