@@ -5,10 +5,11 @@ and the verdict on one candidate (`judge`).
 
 The model's predictions on the labelled data are made in two steps: on its first FIRST_ROWS
 rows by the model itself, before any long work (the metric is checked on them: a clear error
-early); on all of it once the float32 candidates are verified, by the fastest of them that
-runs every batch size (`PrecisionData.complete`), where it gives the model's predictions on
-those first rows within rtol/atol. On ResNet50 224 the model's eager call took 42 s for 435
-samples, of an optimize() of 135 s; OpenVINO in float32 took 11 s.
+early); on all of it by a verified float32 candidate that runs every batch size, where it
+gives the model's predictions on those first rows within rtol/atol (`PrecisionData.complete`;
+the scheduler, preparing.py, has them made in a thread of their own beside the conversions,
+`predictions_by`). On ResNet50 224 the model's eager call took 42 s for 435 samples, of an
+optimize() of 135 s; OpenVINO in float32 took 11 s.
 
 The calibration inputs are what the quantizing conversions calibrate on; the gate never
 judges a candidate by them where labelled data is given (`Accuracy`); without it they are
@@ -80,7 +81,7 @@ class PrecisionData:
         first = made[0][:FIRST_ROWS] if made else None
         if first is None or not compare_outputs([first], [self.first], *tolerance):
             by = "the model"
-            made = [self.reference_call(batch.inputs)[self.output] for batch in self.labelled]
+            made = self.outputs_of(self.reference_call)
         self.predictions = made
         self.predicted_by = by
 
@@ -90,9 +91,13 @@ class PrecisionData:
         """`call`'s predictions on every labelled batch; None where it fails (the model then
         makes them). Safe in a thread of its own: it reads only the labelled data."""
         try:
-            return [call(batch.inputs)[self.output] for batch in self.labelled]
+            return self.outputs_of(call)
         except Exception:
             return None
+
+    def outputs_of(self, call: Callable[[list[np.ndarray]], list[np.ndarray]]) -> list[np.ndarray]:
+        """`call`'s output the metric reads, on every labelled batch."""
+        return [call(batch.inputs)[self.output] for batch in self.labelled]
 
     @property
     def predicted(self) -> bool:
@@ -157,7 +162,7 @@ def judge(
     (`checked`: (its outputs, the model's) for each) and the calibration inputs."""
     if data.accuracy is not None:
         data.complete()  # where no float32 candidate made them (memory tight: judged at once)
-        predictions = [run(batch.inputs)[data.output] for batch in data.labelled]
+        predictions = data.outputs_of(run)
         labels = [batch.labels for batch in data.labelled]
         verdict = judge_metric(data.accuracy, labels, data.predictions, predictions)
         for size in data.batch_sizes if verdict else ():

@@ -428,12 +428,13 @@ class _SearchLater(Exception):
 def _judge_waiting(run: Preparation) -> None:
     """The gate (verifying.py `judge_candidate`) for the reduced-precision candidates, once
     every candidate has its first verdict: they and the FLOAT32_TIMED fastest float32
-    candidates are timed together on the sample (precision.py `time_together`); the model's
-    predictions on the labelled data are made by the fastest float32 one
-    (`_complete_predictions`); then the candidates are judged the fastest first, each only
-    while it can still be chosen (`_not_judged`). On ResNet50 224 five gates took 41 s of
-    optimize()'s 135 s; the fastest candidate passed, and none of the others could have been
-    chosen."""
+    candidates are timed together on the sample (precision.py `time_together`), once the
+    model's predictions on the labelled data started beside the conversions are in
+    (`_await_predictions`; where they were not started, the fastest float32 one makes them
+    after the timing: `_complete_predictions`); then the candidates are judged the fastest
+    first, each only while it can still be chosen (`_not_judged`). On ResNet50 224 five gates
+    took 41 s of optimize()'s 135 s; the fastest candidate passed, and none of the others
+    could have been chosen."""
     _await_predictions(run)
     if not run.to_judge:
         return
