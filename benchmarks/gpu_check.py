@@ -6,11 +6,12 @@ Two steps (docs/gpu.md gives the whole command):
     python3 benchmarks/gpu_check.py run --packages gpu-check/packages --out summary.json
                                                                # GPU host, no TensorFlow
 
-`prepare` writes infertune's wheel and three packages (infertune.package), each under 50 MB
+`prepare` writes infertune's wheel and four packages (infertune.package), each under 50 MB
 so that each crosses an air gap in one transfer: the demo's small CNN (batch 1), MobileNetV2
-at 224 (random weights, batch-normalization statistics from one batch; batch 1) and the
-demo's transformer encoder; then it says how to bring onnxruntime-gpu's wheel (about 255 MB)
-in parts of at most 60 MB.
+at 224 (random weights, batch-normalization statistics from one batch; batch 1), the demo's
+transformer encoder, and the same encoder tuned at batch sizes 1, 8 and 32 (other shapes on
+the GPU: the CUDA graph serves the sample's alone); then it says how to bring
+onnxruntime-gpu's wheel (about 255 MB) in parts of at most 60 MB.
 
 `run`, on the GPU host (Python 3.12, the NVIDIA driver, CUDA 13 and cuDNN as Python packages,
 no TensorFlow, no package index): tunes each package with the GPU candidates and the CPU ones
@@ -39,6 +40,7 @@ GPU_CANDIDATES = (
 CPU_CANDIDATES = ("onnxruntime-cpu", "openvino-cpu", "litert")
 MAX_PACKAGE_MB = 50
 PART_MB = 60
+BATCH_SIZES = (1, 8, 32)  # the transformer packaged a second time, tuned per batch size
 
 
 def prepare(out: Path) -> None:
@@ -67,10 +69,15 @@ def prepare(out: Path) -> None:
             rng.random((1, 224, 224, 3), dtype=np.float32),
         ),
     }
+    options = {name: {} for name in models}
+    models["transformer-batches"] = models["transformer"]
+    options["transformer-batches"] = {"batch_sizes": BATCH_SIZES}
     for name, (model, sample) in models.items():
         path = out / "packages" / name
         start = time.perf_counter()
-        infertune.package(model, sample, path, precision=("fp32", "fp16"), verbose=False)
+        infertune.package(
+            model, sample, path, precision=("fp32", "fp16"), verbose=False, **options[name]
+        )
         size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) / 1e6
         print(f"{name}: {size:.1f} MB in {time.perf_counter() - start:.0f} s")
         if size > MAX_PACKAGE_MB:
@@ -133,6 +140,8 @@ def run(packages: Path, out: Path) -> None:
         summary["packages"][path.name] = {
             "tuning_s": round(time.perf_counter() - start, 1),
             "chosen": opt.backend,
+            "chosen_by_batch": opt.backends_by_batch,
+            "batches": opt.report.to_dict().get("batches"),
             "candidates": [
                 {
                     "name": c.name,
