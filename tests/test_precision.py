@@ -455,5 +455,6 @@ def test_calibration_data_is_taken_in_every_form(digits):
     as_generator = calibration_batches((x[i : i + 10] for i in range(0, 200, 10)), signature)
     for batches in (as_array, as_list, as_dataset, as_generator):
         np.testing.assert_array_equal(np.concatenate([b[0] for b in batches]), x)
+        assert max(len(b[0]) for b in batches) <= 32  # one big array is not one call
     capped = calibration_batches(np.concatenate([x, x, x]), signature)
     assert sum(len(b[0]) for b in capped) == 512  # at most what calibration needs

@@ -27,10 +27,12 @@ __all__ = ["LabelledBatch", "calibration_batches", "labelled_batches", "samples"
 # accuracy at 95%).
 MAX_CALIBRATION_SAMPLES = 512
 MAX_LABELLED_SAMPLES = 10_000
-# Labelled data is cut into batches of at most this many rows: what the model and each
-# candidate run at a time on it (memory bounded whatever the user's batch), and the model's
-# own first batch is what the metric is checked on before any long work (pipeline/gate.py).
-LABELLED_BATCH = 32
+# Calibration and labelled data are cut into batches of at most this many rows: what the model
+# and each candidate run at a time on them (memory bounded whatever the user's batch: 512
+# images of 224x224 given as one array were one call of the model and of every candidate, on
+# the calibration inputs); the model's own first labelled batch is what the metric is checked
+# on before any long work (pipeline/gate.py).
+BATCH_ROWS = 32
 
 
 @dataclass
@@ -44,13 +46,17 @@ class LabelledBatch:
 def calibration_batches(
     data: Any, signature: InputSignature, max_samples: int = MAX_CALIBRATION_SAMPLES
 ) -> list[list[np.ndarray]]:
-    """`calibration=` as flat input batches checked against the signature (InputError naming
-    the input otherwise), at most `max_samples` samples in all."""
+    """`calibration=` as flat input batches of at most BATCH_ROWS rows checked against the
+    signature (InputError naming the input otherwise), at most `max_samples` samples in all."""
     batches, count = [], 0
     for batch in _batches(data, "calibration", len(signature.specs)):
         flat = _flat(signature, batch, "calibration")
-        batches.append(flat)
-        count += _batch_size(flat)
+        size = _batch_size(flat)
+        if size <= BATCH_ROWS:
+            batches.append(flat)
+        else:
+            batches += [[a[i : i + BATCH_ROWS] for a in flat] for i in range(0, size, BATCH_ROWS)]
+        count += size
         if count >= max_samples:
             break
     if not batches or count == 0:
@@ -61,7 +67,7 @@ def calibration_batches(
 def labelled_batches(
     data: Any, signature: InputSignature, max_samples: int = MAX_LABELLED_SAMPLES
 ) -> list[LabelledBatch]:
-    """`Accuracy(data=...)` as labelled batches of at most LABELLED_BATCH rows, max_samples in
+    """`Accuracy(data=...)` as labelled batches of at most BATCH_ROWS rows, max_samples in
     all: flat inputs checked against the signature, labels with as many rows as the inputs
     (OptionError otherwise)."""
     pairs = [data] if _is_pair(data) else _batches(data, "Accuracy(data=...)", 0)
@@ -83,8 +89,8 @@ def labelled_batches(
                 f"of {size}: give one label (row) per sample."
             )
         take = min(size, max_samples - count)
-        for start in range(0, take, LABELLED_BATCH):
-            end = min(start + LABELLED_BATCH, take)
+        for start in range(0, take, BATCH_ROWS):
+            end = min(start + BATCH_ROWS, take)
             batches.append(LabelledBatch([a[start:end] for a in flat], labels[start:end]))
         count += take
         if count >= max_samples:
