@@ -70,7 +70,11 @@ __all__ = [
     "onnxruntime_gpu_variants",
 ]
 
-DEVICE_ID = 0  # the first GPU; CUDA_VISIBLE_DEVICES picks another
+# The first GPU (CUDA_VISIBLE_DEVICES picks another): where the IO binding's buffers live. The
+# providers' options leave `device_id` out, 0 being their default: given, ONNX Runtime >= 1.26
+# first looks for a plugin execution provider of that device, finds none for the built-in CUDA
+# one, and warns "No registered plugin EP device found" at every session (seen on an H100).
+DEVICE_ID = 0
 
 
 class OnnxRuntimeCuda(OnnxRuntimeCpu):
@@ -104,7 +108,7 @@ class OnnxRuntimeCuda(OnnxRuntimeCpu):
 
     def provider_options(self, target: Target, model_bytes: bytes) -> list:
         """The `providers=` list of the session (a provider name and its options each)."""
-        return [(CUDA_EP, {"device_id": DEVICE_ID, "use_tf32": "0"})]
+        return [(CUDA_EP, {"use_tf32": "0"})]
 
     def graph_provider_options(self, providers: list) -> list:
         """The same providers with CUDA-graph capture turned on in the first."""
@@ -262,7 +266,6 @@ class OnnxRuntimeTensorrt(OnnxRuntimeCuda):
         cache = engine_cache_dir() / "onnxruntime" / key
         cache.mkdir(parents=True, exist_ok=True)
         options = {
-            "device_id": DEVICE_ID,
             "trt_engine_cache_enable": True,
             "trt_engine_cache_path": str(cache),
             "trt_timing_cache_enable": True,
@@ -271,7 +274,7 @@ class OnnxRuntimeTensorrt(OnnxRuntimeCuda):
             **profile.ort_options(),
         }
         self.engine_cache = cache
-        return [(TENSORRT_EP, options), (CUDA_EP, {"device_id": DEVICE_ID})]
+        return [(TENSORRT_EP, options), (CUDA_EP, {})]
 
     def save_artifact(self, directory: Path) -> dict:
         settings = super().save_artifact(directory)
