@@ -233,6 +233,67 @@ def test_a_reduced_candidate_slower_than_one_verified_is_not_judged(broken_by_on
     assert not static.kept_fp32
 
 
+@needs_openvino
+def test_layers_kept_in_float32_reuse_the_statistics_nncf_collected(
+    classifier, digits, monkeypatch
+):
+    """A search step of OpenVINO's int8 (layers kept in float32) quantizes the export again
+    from the statistics NNCF collected on its first quantization, without running the model
+    on the calibration samples: the same model, to the last bit, as quantizing afresh with
+    those layers ignored; on a CNN and on an attention model (NNCF's SmoothQuant step too:
+    its output projection kept).
+    Where keeping a layer moves a quantizer to a point with no statistics (the attention's
+    own layer), it quantizes afresh: the same model again."""
+    import dataclasses
+
+    import keras
+    import onnx
+    import openvino
+    from helpers import target_for
+    from nncf.quantization.algorithms import pipeline
+
+    from infertune.export.onnx import convert_to_onnx
+    from infertune.export.openvino_int8 import quantize_for_openvino
+
+    tokens = keras.Input((8, 16))
+    attended = keras.layers.MultiHeadAttention(2, 8, name="attention")(tokens, tokens)
+    flat = keras.layers.Flatten()(keras.layers.LayerNormalization()(attended + tokens))
+    attention = keras.Model(tokens, keras.layers.Dense(10, name="head")(flat))
+    sequences = np.random.default_rng(0).standard_normal((24, 8, 16)).astype("float32")
+    core = openvino.Core()
+
+    def outputs(quantized, x):
+        compiled = core.compile_model(quantized.model, "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
+        return np.concatenate([compiled(x[i : i + 1])[0] for i in range(len(x))])
+
+    def scope(exported, layer):  # as the search names it: "sequential_3/conv_b_1"
+        names = [n.name for n in onnx.load_from_string(exported.model_bytes).graph.node]
+        parts = next(n for n in names if f"/{layer}_" in n).split("/")
+        return "/".join(parts[: next(i for i, p in enumerate(parts) if p.startswith(layer)) + 1])
+
+    original = pipeline.collect_statistics
+    collected = []
+    monkeypatch.setattr(
+        pipeline, "collect_statistics", lambda *a, **k: collected.append(1) or original(*a, **k)
+    )
+    for model, x, layer, reused in (
+        (classifier, digits["calibration"], "conv_b", True),
+        (attention, sequences, "attention_output", True),
+        (attention, sequences, "attention", False),
+    ):
+        exported = convert_to_onnx(target_for(model, x[:1]))
+        feeds = [{exported.input_names[0]: x[i : i + 1]} for i in range(16)]
+        whole = quantize_for_openvino(exported, feeds)
+        collected.clear()
+        keep = (scope(exported, layer),)
+        kept = quantize_for_openvino(exported, feeds, keep)
+        assert bool(collected) is not reused, (layer, collected)
+        afresh = quantize_for_openvino(dataclasses.replace(exported, derived={}), feeds, keep)
+        np.testing.assert_array_equal(outputs(kept, x[:8]), outputs(afresh, x[:8]))
+        assert not np.array_equal(outputs(kept, x[:8]), outputs(whole, x[:8]))
+        assert "kept in float32" in kept.settings
+
+
 def test_the_models_predictions_come_from_a_float32_candidate_only_where_it_agrees():
     """The gate's reference predictions: by a verified float32 candidate where it gives the
     model's own on the first labelled rows (made by the model before any long work), else by

@@ -81,6 +81,9 @@ class OnnxExport:
     directory: Path | None = None
     # Removes a temporary `directory` once the export is collected (None: not ours to remove).
     _cleanup: Any = field(default=None, repr=False, compare=False)
+    # What a conversion of this export keeps for its next call, by its name (NNCF's statistics:
+    # openvino_int8.py); gone with the export.
+    derived: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def path(self) -> Path | None:
