@@ -198,9 +198,8 @@ def _recording(
 
 def _again(recorded: _Statistics, ignored: Any, dataset: Any) -> Any:
     """The export quantized with `ignored` from the statistics `recorded` (no calibration run);
-    None where NNCF lacks a part of it, fails on it (a statistic it wants was not recorded),
-    or placed no quantizer: the caller then quantizes afresh, never returns a float model as
-    int8."""
+    None where a statistic it wants was not recorded, NNCF lacks a part of this path or fails
+    on it, or it placed no quantizer: the caller then quantizes afresh."""
     import nncf
 
     try:
@@ -219,8 +218,11 @@ def _again(recorded: _Statistics, ignored: Any, dataset: Any) -> Any:
                 algorithm._reset_cache()
         model = recorded.before.clone()
         graph = GraphConverter.create_nncf_graph(model)
-        statistics = {last: recorded.statistics}
         try:
+            needed = pipeline.get_statistic_points_for_step(last, model, graph)
+            if not _covers(recorded.statistics, needed):
+                return None
+            statistics = {last: recorded.statistics}
             quantized = pipeline.run_from_step(model, dataset, graph, last, statistics)
         except Exception:  # NNCF's internals: anything here means "quantize afresh"
             return None
@@ -228,6 +230,21 @@ def _again(recorded: _Statistics, ignored: Any, dataset: Any) -> Any:
         return None
     compress_quantize_weights_transformation(quantized)
     return quantized
+
+
+def _covers(recorded: Any, needed: Any) -> bool:
+    """Whether the statistics `recorded` hold every point `needed` (StatisticPointsContainers:
+    by node name, points with a target point and statistics by algorithm). NNCF places no
+    quantizer, and says nothing, where a point it wants has none: keeping a layer can move a
+    quantizer to a point the first quantization did not measure."""
+    for node, points in needed.items():
+        have = recorded.get(node, [])
+        for point in points:
+            same = [h for h in have if h.target_point == point.target_point]
+            for algorithm in point.algorithm_to_tensor_collectors:
+                if not any(algorithm in h.algorithm_to_tensor_collectors for h in same):
+                    return False
+    return True
 
 
 def read_ir(directory: Path, settings: dict) -> OpenVinoInt8:
