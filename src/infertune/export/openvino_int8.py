@@ -66,7 +66,6 @@ class _Statistics:
     before: Any  # the model that step starts from (SmoothQuant's output: its names differ
     # from one application to the next, and the statistics are keyed by them)
     samples: int
-    transformer: bool
     lock: threading.Lock
 
 
@@ -110,12 +109,6 @@ def quantize_for_openvino(
     nncf.set_log_level(logging.ERROR)
     core = openvino.Core()
     model = core.read_model(exported.session_model())
-    read = iter([model])  # the model read once more for each attempt after the first
-
-    def fresh() -> Any:
-        first = next(read, None)
-        return first if first is not None else core.read_model(exported.session_model())
-
     ops = {op.get_type_name() for op in model.get_ordered_ops()}
     transformer = "Softmax" in ops and "MatMul" in ops
     ignored = None
@@ -124,18 +117,17 @@ def quantize_for_openvino(
         ignored = nncf.IgnoredScope(patterns=patterns, validate=False)
     dataset = nncf.Dataset(feeds)
     recorded = exported.derived.get(_STATISTICS)
-    usable = recorded is not None and (recorded.samples, recorded.transformer) == (
-        len(feeds), transformer,
-    )  # fmt: skip
     with _quiet():
-        quantized = _again(recorded, ignored, dataset) if usable else None
-        if quantized is None:
-            quantized, recorded = _recording(fresh(), dataset, len(feeds), transformer, ignored)
+        quantized = None
+        if recorded is not None and recorded.samples == len(feeds):
+            quantized = _again(recorded, ignored, dataset)
+        if quantized is None:  # `model` is read, not changed, where this gives None
+            quantized, recorded = _recording(model, dataset, len(feeds), transformer, ignored)
             if recorded is not None and not keep and exported.directory is None:
                 exported.derived[_STATISTICS] = recorded  # a model past 2 GB: not held twice
         if quantized is None:
             quantized = nncf.quantize(
-                fresh(), dataset, subset_size=len(feeds),
+                model, dataset, subset_size=len(feeds),
                 model_type=nncf.ModelType.TRANSFORMER if transformer else None,
                 ignored_scope=ignored,
             )  # fmt: skip
@@ -151,8 +143,8 @@ def _recording(
     model: Any, dataset: Any, samples: int, transformer: bool, ignored: Any
 ) -> tuple[Any, _Statistics | None]:
     """nncf.quantize's OpenVINO path (quantize_impl, native_quantize_impl) run step by step,
-    each step's statistics kept; (None, None) where NNCF lacks a part of it (another version)
-    or the model has If operations (NNCF's other path)."""
+    each step's statistics kept; (None, None), `model` unchanged, where NNCF lacks a part of
+    it (another version) or the model has If operations (NNCF's other path)."""
     import nncf
 
     try:
@@ -190,10 +182,7 @@ def _recording(
             before = model.clone()
         model = pipeline.run_step(index, statistics, model, graph)
     compress_quantize_weights_transformation(model)
-    recorded = _Statistics(
-        algorithm, count - 1, statistics, before, samples, transformer, threading.Lock()
-    )
-    return model, recorded
+    return model, _Statistics(algorithm, count - 1, statistics, before, samples, threading.Lock())
 
 
 def _again(recorded: _Statistics, ignored: Any, dataset: Any) -> Any:
