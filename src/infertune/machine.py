@@ -27,7 +27,9 @@ __all__ = ["MEMORY_RUNS", "PEAK_EVERY", "MachineRecord"]
 
 # 2: a candidate's estimate counts its calls at the runtime's likely speed, not the model's
 # eager call (planning.Probe.runtime_call_s): corrections learned before would misapply.
-_VERSION = 2
+# 3: a calibrated conversion's estimate counts its calibration samples at the model's
+# arithmetic (planning.raw_conversion_s); NNCF's learned 3x of the old estimate would misapply.
+_VERSION = 3
 _EMA = 0.5  # weight of the newest run in a learned correction: follows a changed load fast
 PEAK_EVERY = 10  # runs between two measurements of the peak
 MEMORY_RUNS = 8  # a conversion's measured peaks kept, the newest

@@ -14,11 +14,14 @@ another ignored scope. NNCF's statistics do not depend on it: the first quantiza
 export records them (each step of NNCF's post-training pipeline, run here step by step) and a
 search step re-applies them with its ignored scope instead of running the model on the
 calibration samples again: ResNet50 224, 1.4 s against 20 s, the same model to the last bit
-(tests/test_precision.py checks it on a small CNN and an attention model). NNCF keys its
-statistics by its algorithm instances and by node names, which SmoothQuant's step makes anew
-each time, so the same instances and the model the last step starts from are kept with the
-export (one more copy of the float weights, not for an export past 2 GB). Anything of that
-path that NNCF no longer has falls back to nncf.quantize.
+(tests/test_precision.py checks it on a small CNN and an attention model). Where keeping a
+layer moves a quantizer to a point the first quantization did not measure (in attention
+blocks, often), the model runs on the calibration samples for those points alone, and they
+join the recorded ones. NNCF keys its statistics by its algorithm instances and by node
+names, which SmoothQuant's step makes anew each time, so the same instances and the model
+the last step starts from are kept with the export (one more copy of the float weights, not
+for an export past 2 GB). Anything of that path that NNCF no longer has falls back to
+nncf.quantize.
 
 The result is an openvino.Model in memory, written as OpenVINO's IR (model.xml and
 model.bin) for save(), which OpenVINO loads without NNCF.
@@ -186,9 +189,11 @@ def _recording(
 
 
 def _again(recorded: _Statistics, ignored: Any, dataset: Any) -> Any:
-    """The export quantized with `ignored` from the statistics `recorded` (no calibration run);
-    None where a statistic it wants was not recorded, NNCF lacks a part of this path or fails
-    on it, or it placed no quantizer: the caller then quantizes afresh."""
+    """The export quantized with `ignored` from the statistics `recorded`; where it needs a
+    point the first quantization did not measure (keeping a layer can move a quantizer), the
+    model runs on the calibration samples for those points alone, and they join the recorded
+    ones for the next step. None where NNCF lacks a part of this path or fails on it, or it
+    placed no quantizer: the caller then quantizes afresh."""
     import nncf
 
     try:
@@ -197,6 +202,7 @@ def _again(recorded: _Statistics, ignored: Any, dataset: Any) -> Any:
             compress_quantize_weights_transformation,
         )
         from nncf.quantization.algorithms.min_max.algorithm import MinMaxQuantization
+        from nncf.quantization.algorithms.pipeline import collect_statistics
     except ImportError:
         return None
     pipeline, last = recorded.algorithm._pipeline, recorded.last
@@ -209,8 +215,12 @@ def _again(recorded: _Statistics, ignored: Any, dataset: Any) -> Any:
         graph = GraphConverter.create_nncf_graph(model)
         try:
             needed = pipeline.get_statistic_points_for_step(last, model, graph)
-            if not _covers(recorded.statistics, needed):
-                return None
+            missing = _missing(recorded.statistics, needed)
+            if missing:
+                measured = collect_statistics(missing, model, graph, dataset)
+                for points in measured.values():
+                    for point in points:
+                        recorded.statistics.add_statistic_point(point)
             statistics = {last: recorded.statistics}
             quantized = pipeline.run_from_step(model, dataset, graph, last, statistics)
         except Exception:  # NNCF's internals: anything here means "quantize afresh"
@@ -221,19 +231,28 @@ def _again(recorded: _Statistics, ignored: Any, dataset: Any) -> Any:
     return quantized
 
 
-def _covers(recorded: Any, needed: Any) -> bool:
-    """Whether the statistics `recorded` hold every point `needed` (StatisticPointsContainers:
-    by node name, points with a target point and statistics by algorithm). NNCF places no
-    quantizer, and says nothing, where a point it wants has none: keeping a layer can move a
-    quantizer to a point the first quantization did not measure."""
+def _missing(recorded: Any, needed: Any) -> Any:
+    """The statistics `needed` that `recorded` lacks (StatisticPointsContainers: by node name,
+    points with a target point and tensor collectors by algorithm), each point with only the
+    algorithms it lacks. NNCF places no quantizer, and says nothing, where a point it wants has
+    no statistics."""
+    from nncf.common.tensor_statistics.statistic_point import (
+        StatisticPoint,
+        StatisticPointsContainer,
+    )
+
+    missing = StatisticPointsContainer()
     for node, points in needed.items():
         have = recorded.get(node, [])
         for point in points:
             same = [h for h in have if h.target_point == point.target_point]
-            for algorithm in point.algorithm_to_tensor_collectors:
-                if not any(algorithm in h.algorithm_to_tensor_collectors for h in same):
-                    return False
-    return True
+            for algorithm, collectors in point.algorithm_to_tensor_collectors.items():
+                if any(algorithm in h.algorithm_to_tensor_collectors for h in same):
+                    continue
+                lacking = StatisticPoint(point.target_point, collectors[0], algorithm)
+                lacking.algorithm_to_tensor_collectors[algorithm] = list(collectors)
+                missing.add_statistic_point(lacking)
+    return missing
 
 
 def read_ir(directory: Path, settings: dict) -> OpenVinoInt8:

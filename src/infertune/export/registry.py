@@ -26,6 +26,7 @@ from .onnx_int8 import CALIBRATION_SAMPLES as ORT_SAMPLES
 from .onnx_int8 import quantize_dynamic_int8, quantize_static_int8
 from .openvino_int8 import CALIBRATION_SAMPLES as NNCF_SAMPLES
 from .openvino_int8 import quantize_for_openvino
+from .tflite import CALIBRATION_SAMPLES as TFLITE_SAMPLES
 from .tflite import convert_fixed, convert_free, convert_int8, read_conversion, write_conversion
 
 __all__ = [
@@ -59,7 +60,11 @@ class Conversion:
     process of its own, where it runs there (`in_child(size)`), learned and estimated under
     the key + "-child" (pipeline/memory.py). `uninterruptible`: the share of its time spent
     in one native call that holds the GIL (a stage abandoned at the budget's end returns only
-    when that call does). `worker`: set where a worker process may build it.
+    when that call does). `worker`: set where a worker process may build it. `samples`: the
+    calibration samples it reads (the first ones: what a worker process is given), 0 for
+    none; `calibration_gflops`: the rate at which its calibration runs the model on them,
+    GFLOP/s on the 2-core machine (pipeline/planning.py estimates its time from the model's
+    arithmetic).
     """
 
     key: str
@@ -72,6 +77,8 @@ class Conversion:
     in_child: Callable[[Any], bool] | None = None  # of sizes.ModelSize
     uninterruptible: float = 0.0
     worker: WorkerFiles | None = None
+    samples: int = 0
+    calibration_gflops: float = 100.0
 
 
 # Costs measured inside optimize() on the 2-core machine: ResNet50 128x128 (a 1.2 s trace)
@@ -82,9 +89,12 @@ class Conversion:
 # 256 MB) and 9.8x from the concrete function (below it); in a child of its own, 3.3x the
 # 2.46 GB recommender's weights and the child's TensorFlow (0.65 GB), 3.6x in all: 4x
 # covers 1 GiB. The quantization and float16 passes copy the weights once, at their size.
-# TFLite's full int8 conversion of ResNet50 224 (a 0.9 s trace) took 17-20 s, 11 s of it its
-# calibrator running the model on 32 samples in the interpreter, on one core (the process's
-# CPU time equal to the wall time).
+# The calibrated ones, ResNet50 224 (7.75 GFLOP a call, a 0.7 s trace), each alone: TFLite's
+# full int8 19.5 s, 12.6 of it its calibrator running the model on 32 samples in the
+# interpreter on one core (20 GFLOP/s), the rest a float conversion and the quantization;
+# NNCF 15.9 s, 9.5 of it its statistics on 128 samples (OpenVINO, 104 GFLOP/s), the rest two
+# compiles and its graph matching; ONNX Runtime's static quantization 5.7 s, 2.3 of it the
+# calibration on 32 samples (110 GFLOP/s).
 CONVERSIONS: dict[str, Conversion] = {
     c.key: c
     for c in (
@@ -101,6 +111,7 @@ CONVERSIONS: dict[str, Conversion] = {
             "onnx-int8-static", "int8 static quantization (ONNX Runtime)",
             "the ONNX export with int8 weights and calibrated uint8 activations (QDQ)",
             lambda target: static_int8(target), cost=(1.0, 3.0), memory=1.5,
+            samples=ORT_SAMPLES, calibration_gflops=110.0,
         ),
         Conversion(
             "openvino-int8", "int8 quantization (NNCF)",
@@ -109,7 +120,7 @@ CONVERSIONS: dict[str, Conversion] = {
                 export_onnx(target),
                 target.calibration_feeds(export_onnx(target).input_names, NNCF_SAMPLES),
             ),
-            cost=(2.0, 4.0), memory=2.0,
+            cost=(1.0, 8.0), memory=2.0, samples=NNCF_SAMPLES, calibration_gflops=100.0,
         ),
         Conversion(
             "onnx-fp16", "float16 conversion", "the ONNX export in float16 (TensorRT 11)",
@@ -125,8 +136,9 @@ CONVERSIONS: dict[str, Conversion] = {
         Conversion(
             "tflite-int8", "TFLite full int8 conversion",
             "the model as TFLite in int8, activations calibrated (float32 inputs and outputs)",
-            lambda target: convert_int8(target, target.calibration), cost=(0.5, 20.0),
-            memory=5.5,
+            lambda target: convert_int8(target, target.calibration), cost=(0.5, 9.0),
+            memory=5.5, worker=WorkerFiles(write_conversion, read_conversion),
+            samples=TFLITE_SAMPLES, calibration_gflops=20.0,
         ),
         Conversion(
             "tflite-dynamic-int8", "TFLite dynamic-range conversion",

@@ -50,7 +50,7 @@ def offload(others: list[Candidate], run: Preparation) -> None:
     if run.budget.limited:  # saving the model costs seconds a LiteRT candidate may not get
         return
     for key, conversion in CONVERSIONS.items():
-        if conversion.worker is None:
+        if conversion.worker is None or (conversion.samples and not run.target.calibration):
             continue
         needed = any(
             key in s.backend.conversions

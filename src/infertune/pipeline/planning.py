@@ -154,9 +154,21 @@ def _raw_candidate_s(backend: Backend | type[Backend], probe: Probe) -> float:
 
 def conversion_estimate_s(key: str, probe: Probe, record: MachineRecord | None) -> float:
     """Seconds the shared conversion `key` is expected to take here."""
+    return _corrected(f"conversion {key}", raw_conversion_s(key, probe), record)
+
+
+def raw_conversion_s(key: str, probe: Probe) -> float:
+    """Seconds the conversion `key` takes on the 2-core machine, before this machine's
+    correction: its fixed cost, its cost per second of the trace, and where it calibrates,
+    the model's arithmetic on each calibration sample at its calibration's rate (the
+    calibration runs the model; the graph's size does not tell how long a call takes: the
+    BERT-sized encoder traces in a third of ResNet50's time for the same arithmetic)."""
     conversion = CONVERSIONS.get(key)
     fixed, per_trace = conversion.cost if conversion is not None else UNREGISTERED_COST
-    return _corrected(f"conversion {key}", fixed + per_trace * probe.trace_s, record)
+    seconds = fixed + per_trace * probe.trace_s
+    if conversion is not None and conversion.samples and probe.flops:
+        seconds += conversion.samples * probe.flops / (conversion.calibration_gflops * 1e9)
+    return seconds
 
 
 def _corrected(kind: str, seconds: float, record: MachineRecord | None) -> float:
@@ -206,8 +218,7 @@ def learn_from_run(
             # Made in a worker process: its time there, not this process's wait for it
             # (learned as the cost, the wait would keep the next run's from the worker).
             seconds = in_workers.get(f"{stage} in a worker process", seconds)
-            fixed, per_trace = CONVERSIONS[key].cost
-            record.learn_cost(f"conversion {key}", fixed + per_trace * probe.trace_s, seconds)
+            record.learn_cost(f"conversion {key}", raw_conversion_s(key, probe), seconds)
     for cls, name in candidates:
         if statuses.get(name) not in ("ok", "selected", "mismatch") or name not in times.candidates:
             continue

@@ -7,8 +7,9 @@ conversion of MobileNetV2 took as long in two threads as one after the other). A
 process can: while this process exports to ONNX, the worker converts to TFLite.
 
 The worker (`python -m infertune.pipeline.tf_worker JOB`, started as every child is:
-children.py) loads the model from a .keras file this process wrote, builds the conversion
-with the very function this process would call (its registered build, export/registry.py),
+children.py) loads the model from a .keras file this process wrote (and, for a calibrated
+conversion, the calibration samples it reads), builds the conversion with the very function
+this process would call (its registered build, export/registry.py),
 writes it into the job directory with the conversion's `worker` files and exits: 0 with the
 result, 1 with error.txt. A worker that fails leaves the conversion to this process
 (`Target.shared`), which the report's notes say. offload.py decides which conversions go.
@@ -32,6 +33,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from ..children import start_module
 from ..export.registry import CONVERSIONS
 
@@ -40,6 +43,8 @@ __all__ = ["OffloadedConversion", "custom_classes"]
 # The longest this process waits for a worker's conversion before it makes it here instead:
 # a conversion long enough to go to a worker takes 15 s or more; an hour means it hangs.
 WORKER_TIMEOUT_S = 3600.0
+# A calibrated conversion's samples (registry.py `samples`), as this process has them.
+_CALIBRATION_FILE = "calibration.npz"
 
 
 class OffloadedConversion:
@@ -56,6 +61,8 @@ class OffloadedConversion:
         self.worker_s: float | None = None  # the worker's own seconds, once it is done
         try:
             target.source.owner.save(self.directory / "model.keras")
+            if conversion.samples and target.calibration:
+                _write_calibration(target.calibration, conversion.samples, self.directory)
             spec = {
                 "key": key,
                 "model": "model.keras",
@@ -102,6 +109,33 @@ class OffloadedConversion:
             self._process.wait()
         self._log.close()
         shutil.rmtree(self.directory, ignore_errors=True)
+
+
+def _write_calibration(batches: list[list[np.ndarray]], samples: int, directory: Path) -> None:
+    """The first `samples` rows of the calibration batches (flat input batches), for the
+    worker: what the conversion would read of them here."""
+    arrays: dict[str, np.ndarray] = {}
+    left = samples
+    for i, batch in enumerate(batches):
+        if left <= 0:
+            break
+        rows = min(left, len(batch[0]))
+        arrays.update({f"{i}_{j}": array[:rows] for j, array in enumerate(batch)})
+        left -= rows
+    np.savez(directory / _CALIBRATION_FILE, **arrays)
+
+
+def _read_calibration(directory: Path) -> list[list[np.ndarray]] | None:
+    """The calibration batches _write_calibration wrote, or None where there are none."""
+    path = directory / _CALIBRATION_FILE
+    if not path.is_file():
+        return None
+    batches: dict[int, dict[int, np.ndarray]] = {}
+    with np.load(path, allow_pickle=False) as stored:
+        for key in stored.files:
+            batch, array = (int(part) for part in key.split("_"))  # its batch_input
+            batches.setdefault(batch, {})[array] = stored[key]
+    return [[b[j] for j in sorted(b)] for _, b in sorted(batches.items())]
 
 
 # Top-level packages whose classes Keras deserializes by itself.
@@ -177,8 +211,6 @@ def main() -> None:
     directory = Path(sys.argv[1])
     start = time.perf_counter()
     try:
-        import numpy as np
-
         from ..inputs import InputSignature
         from ..structure import Structure
         from ..target import Target
@@ -190,6 +222,7 @@ def main() -> None:
             InputSignature.from_dict(spec["signature"]),
             Structure.from_dict(spec["outputs"]),
             [np.dtype(d) for d in spec["dtypes"]],
+            calibration=_read_calibration(directory),
         )
         conversion = CONVERSIONS[spec["key"]]
         conversion.worker.write(conversion.build(target), directory)
