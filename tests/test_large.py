@@ -445,12 +445,13 @@ def test_a_record_learned_on_small_models_does_not_shut_a_large_one_out(monkeypa
     monkeypatch.setenv("INFERTUNE_MACHINE_FILE", str(machine))
     model, sample = dense_model(256, 128), rng.standard_normal((4, 256))
     opt = infertune.optimize(model, sample, backends=["tf-function"], verbose=False)
-    (fingerprint,) = json.loads(machine.read_text())["machines"]
+    written = json.loads(machine.read_text())
+    (fingerprint,), version = written["machines"], written["version"]
     weights = 4 * (256 * 8 + 8 + 8 * 128 + 128)  # float32 kernels and biases: 12.8 KB
     # Thirty runs on models of 2 KB of weights whose export peaked at 30 KB: 15x each.
     small = [[2000, 30_000]] * 30
     entry = {"memory_runs": {"onnx": small}}
-    machine.write_text(json.dumps({"version": 2, "machines": {fingerprint: entry}}))
+    machine.write_text(json.dumps({"version": version, "machines": {fingerprint: entry}}))
     # Room for the runtime's copy, the built-in 4 copies during the export and the fixed
     # cost learned (22 KB), not for the 15 copies a factor learned on the small ones says.
     monkeypatch.setenv("INFERTUNE_MEMORY_BYTES", str(MEMORY_RESERVE + 10 * weights))
@@ -459,7 +460,7 @@ def test_a_record_learned_on_small_models_does_not_shut_a_large_one_out(monkeypa
     assert candidate.status in ("ok", "selected"), str(opt.report)
     # The same runs on models that are large here teach the copies themselves: 15x, too many.
     entry["memory_runs"]["onnx"] = [[100_000, 1_500_000]]
-    machine.write_text(json.dumps({"version": 2, "machines": {fingerprint: entry}}))
+    machine.write_text(json.dumps({"version": version, "machines": {fingerprint: entry}}))
     opt = infertune.optimize(model, sample, backends=["onnxruntime-cpu"], verbose=False)
     candidate = {c.name: c for c in opt.report.candidates}["onnxruntime-cpu"]
     assert candidate.status == "skipped" and "15.0x the weights" in candidate.reason
