@@ -20,7 +20,16 @@ import numpy as np
 from .errors import OptionError
 from .inputs import InputSignature, to_numpy
 
-__all__ = ["LabelledBatch", "calibration_batches", "labelled_batches", "samples"]
+__all__ = [
+    "LabelledBatch",
+    "arrays_batches",
+    "batches_arrays",
+    "calibration_batches",
+    "first_samples",
+    "labelled_batches",
+    "numbered",
+    "samples",
+]
 
 # The most samples read from a dataset or iterable: what calibration and a metric's margin
 # need (NNCF's default subset is 300; a bootstrap's margin on 10,000 samples is 0.4 points of
@@ -52,16 +61,13 @@ def calibration_batches(
     for batch in _batches(data, "calibration", len(signature.specs)):
         flat = _flat(signature, batch, "calibration")
         size = _batch_size(flat)
-        if size <= BATCH_ROWS:
-            batches.append(flat)
-        else:
-            batches += [[a[i : i + BATCH_ROWS] for a in flat] for i in range(0, size, BATCH_ROWS)]
+        batches += [flat] if size <= BATCH_ROWS else _in_rows(flat, size)
         count += size
         if count >= max_samples:
             break
     if not batches or count == 0:
         raise OptionError("calibration= holds no samples: give at least one batch of inputs.")
-    return _cut(batches, max_samples)
+    return first_samples(batches, max_samples)
 
 
 def labelled_batches(
@@ -89,9 +95,7 @@ def labelled_batches(
                 f"of {size}: give one label (row) per sample."
             )
         take = min(size, max_samples - count)
-        for start in range(0, take, BATCH_ROWS):
-            end = min(start + BATCH_ROWS, take)
-            batches.append(LabelledBatch([a[start:end] for a in flat], labels[start:end]))
+        batches += [LabelledBatch(rows[:-1], rows[-1]) for rows in _in_rows([*flat, labels], take)]
         count += take
         if count >= max_samples:
             break
@@ -158,7 +162,33 @@ def _batch_size(flat: list[np.ndarray]) -> int:
     return int(flat[0].shape[0]) if flat and flat[0].ndim else 1
 
 
-def _cut(batches: list[list[np.ndarray]], max_samples: int) -> list[list[np.ndarray]]:
+def _in_rows(arrays: list[np.ndarray], size: int) -> list[list[np.ndarray]]:
+    """The first `size` rows of `arrays` (as many rows each) in parts of at most BATCH_ROWS."""
+    return [[a[i : min(i + BATCH_ROWS, size)] for a in arrays] for i in range(0, size, BATCH_ROWS)]
+
+
+def batches_arrays(prefix: str, batches: list[list[np.ndarray]]) -> dict[str, np.ndarray]:
+    """Flat batches as named arrays for an .npz file: `{prefix}_{batch}_{input}`."""
+    return {f"{prefix}_{i}_{j}": a for i, batch in enumerate(batches) for j, a in enumerate(batch)}
+
+
+def arrays_batches(arrays: dict[str, np.ndarray], prefix: str) -> list[list[np.ndarray]]:
+    """The flat batches `batches_arrays` named `prefix`, in order."""
+    batches = []
+    while f"{prefix}_{len(batches)}_0" in arrays:
+        batches.append(numbered(arrays, f"{prefix}_{len(batches)}"))
+    return batches
+
+
+def numbered(arrays: dict[str, np.ndarray], prefix: str) -> list[np.ndarray]:
+    """`{prefix}_0`, `{prefix}_1`, ... of `arrays`, up to the first missing."""
+    found = []
+    while f"{prefix}_{len(found)}" in arrays:
+        found.append(arrays[f"{prefix}_{len(found)}"])
+    return found
+
+
+def first_samples(batches: list[list[np.ndarray]], max_samples: int) -> list[list[np.ndarray]]:
     """The batches with the last one cut so that they hold at most `max_samples`."""
     kept, count = [], 0
     for batch in batches:

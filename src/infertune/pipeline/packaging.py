@@ -40,7 +40,7 @@ import numpy as np
 from .._version import __version__
 from ..accuracy import METRICS, Accuracy
 from ..backends import BACKENDS, Backend
-from ..datasets import LabelledBatch
+from ..datasets import LabelledBatch, arrays_batches, batches_arrays, numbered
 from ..environment import collect_environment
 from ..errors import ArtifactError, ModelError, OptionError, one_line
 from ..export.onnx import read_onnx, write_onnx
@@ -131,13 +131,13 @@ def make_package(model: Model, options: Options, path: Path, progress: Progress)
         conversions = _write_conversions(target, options, path, progress, model.calibration)
         _write_arrays(path / "data" / "checks.npz", _check_arrays(checks))
         if data.calibration:
-            arrays = _batches_arrays("in", data.calibration) | _batches_arrays(
+            arrays = batches_arrays("in", data.calibration) | batches_arrays(
                 "ref", data.calibration_reference
             )
             _write_arrays(path / "data" / "calibration.npz", arrays)
         if data.labelled:
             arrays = {f"label_{i}": b.labels for i, b in enumerate(data.labelled)}
-            arrays |= _batches_arrays("in", [b.inputs for b in data.labelled])
+            arrays |= batches_arrays("in", [b.inputs for b in data.labelled])
             arrays |= {f"pred_{i}": p for i, p in enumerate(data.predictions)}
             _write_arrays(path / "data" / "accuracy.npz", arrays)
         manifest = {
@@ -212,10 +212,6 @@ def _check_arrays(checks: list[Check]) -> dict[str, np.ndarray]:
         arrays |= {f"in_{i}_{j}": a for j, a in enumerate(check.inputs)}
         arrays |= {f"ref_{i}_{j}": a for j, a in enumerate(check.reference)}
     return arrays
-
-
-def _batches_arrays(prefix: str, batches: list[list[np.ndarray]]) -> dict[str, np.ndarray]:
-    return {f"{prefix}_{i}_{j}": a for i, batch in enumerate(batches) for j, a in enumerate(batch)}
 
 
 def _write_arrays(file: Path, arrays: dict[str, np.ndarray]) -> None:
@@ -294,7 +290,7 @@ class Package:
         arrays = self.arrays("checks")
         labels = self.manifest["checks"]
         return [
-            Check(label, _indexed(arrays, f"in_{i}"), _indexed(arrays, f"ref_{i}"))
+            Check(label, numbered(arrays, f"in_{i}"), numbered(arrays, f"ref_{i}"))
             for i, label in enumerate(labels)
         ]
 
@@ -302,17 +298,15 @@ class Package:
         """What the gate judges reduced precision by, from the stored data."""
         data = PrecisionData(accuracy=options.accuracy)
         calibration = self.arrays("calibration")
-        count = _count(calibration, "in")
-        data.calibration = [_indexed(calibration, f"in_{i}") for i in range(count)]
-        data.calibration_reference = [_indexed(calibration, f"ref_{i}") for i in range(count)]
+        data.calibration = arrays_batches(calibration, "in")
+        data.calibration_reference = arrays_batches(calibration, "ref")
         labelled = self.arrays("accuracy")
         if options.accuracy is not None and labelled:
-            count = _count(labelled, "in")
+            inputs = arrays_batches(labelled, "in")
             data.labelled = [
-                LabelledBatch(_indexed(labelled, f"in_{i}"), labelled[f"label_{i}"])
-                for i in range(count)
+                LabelledBatch(batch, labelled[f"label_{i}"]) for i, batch in enumerate(inputs)
             ]
-            data.predictions = [labelled[f"pred_{i}"] for i in range(count)]
+            data.predictions = [labelled[f"pred_{i}"] for i in range(len(inputs))]
             data.output = self.manifest["accuracy_output"] or 0
         return data
 
@@ -347,20 +341,6 @@ class Package:
             if key not in manifest["conversions"]:
                 target.preload_failure(key, "not in the package (int8 was not allowed there)")
         return target
-
-
-def _indexed(arrays: dict[str, np.ndarray], prefix: str) -> list[np.ndarray]:
-    found = []
-    while f"{prefix}_{len(found)}" in arrays:
-        found.append(arrays[f"{prefix}_{len(found)}"])
-    return found
-
-
-def _count(arrays: dict[str, np.ndarray], prefix: str) -> int:
-    count = 0
-    while f"{prefix}_{count}_0" in arrays:
-        count += 1
-    return count
 
 
 # -- tuning one ------------------------------------------------------------------------------

@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from ..children import start_module
+from ..datasets import arrays_batches, batches_arrays, first_samples
 from ..export.registry import CONVERSIONS
 
 __all__ = ["OffloadedConversion", "custom_classes"]
@@ -114,15 +115,7 @@ class OffloadedConversion:
 def _write_calibration(batches: list[list[np.ndarray]], samples: int, directory: Path) -> None:
     """The first `samples` rows of the calibration batches (flat input batches), for the
     worker: what the conversion would read of them here."""
-    arrays: dict[str, np.ndarray] = {}
-    left = samples
-    for i, batch in enumerate(batches):
-        if left <= 0:
-            break
-        rows = min(left, len(batch[0]))
-        arrays.update({f"{i}_{j}": array[:rows] for j, array in enumerate(batch)})
-        left -= rows
-    np.savez(directory / _CALIBRATION_FILE, **arrays)
+    np.savez(directory / _CALIBRATION_FILE, **batches_arrays("in", first_samples(batches, samples)))
 
 
 def _read_calibration(directory: Path) -> list[list[np.ndarray]] | None:
@@ -130,12 +123,8 @@ def _read_calibration(directory: Path) -> list[list[np.ndarray]] | None:
     path = directory / _CALIBRATION_FILE
     if not path.is_file():
         return None
-    batches: dict[int, dict[int, np.ndarray]] = {}
     with np.load(path, allow_pickle=False) as stored:
-        for key in stored.files:
-            batch, array = (int(part) for part in key.split("_"))  # its batch_input
-            batches.setdefault(batch, {})[array] = stored[key]
-    return [[b[j] for j in sorted(b)] for _, b in sorted(batches.items())]
+        return arrays_batches({key: stored[key] for key in stored.files}, "in")
 
 
 # Top-level packages whose classes Keras deserializes by itself.
