@@ -6,20 +6,24 @@ Two steps (docs/gpu.md gives the whole command):
     python3 benchmarks/gpu_check.py run --packages gpu-check/packages --out summary.json
                                                                # GPU host, no TensorFlow
 
-`prepare` writes infertune's wheel and four packages (infertune.package), each under 50 MB
+`prepare` writes infertune's wheel and five packages (infertune.package), each under 50 MB
 so that each crosses an air gap in one transfer: the demo's small CNN (batch 1), MobileNetV2
 at 224 (random weights, batch-normalization statistics from one batch; batch 1), the demo's
-transformer encoder, and the same encoder tuned at batch sizes 1, 8 and 32 (other shapes on
-the GPU: the CUDA graph serves the sample's alone); then it says how to bring
-onnxruntime-gpu's wheel (about 255 MB) in parts of at most 60 MB.
+transformer encoder, the same encoder tuned at batch sizes 1, 8 and 32 (other shapes on
+the GPU: the CUDA graph serves the sample's alone), and the precision benchmark's digits CNN
+(trained, benchmarks/precision.py) packaged with precision=("fp32", "int8"), its calibration
+and gate data (ONNX Runtime's static int8 is then quantized on the GPU host, LiteRT's int8
+conversions come in the package); then it says how to bring onnxruntime-gpu's wheel (about
+255 MB) in parts of at most 60 MB.
 
 `run`, on the GPU host (Python 3.12, the NVIDIA driver, CUDA 13 and cuDNN as Python packages,
 no TensorFlow, no package index): tunes each package with the GPU candidates and the CPU ones
 that are installed, and writes a JSON summary: per package and candidate its status and
 reason, the provider it really ran on (ONNX Runtime's `session.get_providers()`: a CUDA
 candidate that fell back to the CPU is `failed`, saying so), its error against the model's
-stored outputs, p50/p99 latency (every timed call ends with its outputs on the host), and the
-chosen one. It imports no TensorFlow (checked: it refuses to run where TensorFlow was
+stored outputs, p50/p99 latency (every timed call ends with its outputs on the host), for a
+reduced-precision one its metric, drop and bound on the package's gate data, and the chosen
+one. It imports no TensorFlow (checked: it refuses to run where TensorFlow was
 imported).
 """
 
@@ -27,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import time
@@ -38,6 +43,11 @@ GPU_CANDIDATES = (
     "onnxruntime-tensorrt-fp16", "tensorrt", "tensorrt-fp16",
 )  # fmt: skip
 CPU_CANDIDATES = ("onnxruntime-cpu", "openvino-cpu", "litert")
+INT8_CANDIDATES = (  # for a package whose options name int8 (OpenVINO's needs NNCF there)
+    "onnxruntime-cpu-int8", "onnxruntime-cpu-int8-static", "openvino-cpu-int8", "litert-int8",
+    "litert-dynamic-int8",
+)  # fmt: skip
+INT8_MODEL = "digits-cnn"  # benchmarks/precision.py's, trained there (cached between runs)
 MAX_PACKAGE_MB = 50
 PART_MB = 60
 BATCH_SIZES = (1, 8, 32)  # the transformer packaged a second time, tuned per batch size
@@ -72,12 +82,12 @@ def prepare(out: Path) -> None:
     options = {name: {} for name in models}
     models["transformer-batches"] = models["transformer"]
     options["transformer-batches"] = {"batch_sizes": BATCH_SIZES}
+    models[f"{INT8_MODEL}-int8"], options[f"{INT8_MODEL}-int8"] = int8_package()
     for name, (model, sample) in models.items():
         path = out / "packages" / name
         start = time.perf_counter()
-        infertune.package(
-            model, sample, path, precision=("fp32", "fp16"), verbose=False, **options[name]
-        )
+        settings = {"precision": ("fp32", "fp16"), **options[name]}
+        infertune.package(model, sample, path, verbose=False, **settings)
         size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) / 1e6
         print(f"{name}: {size:.1f} MB in {time.perf_counter() - start:.0f} s")
         if size > MAX_PACKAGE_MB:
@@ -89,6 +99,28 @@ def prepare(out: Path) -> None:
         f"  split -b {PART_MB}M {wheels}/onnxruntime_gpu-*.whl {wheels}/onnxruntime_gpu.part-\n"
         f"then bring {out} across in parts of at most {PART_MB} MB (docs/gpu.md)."
     )
+
+
+def int8_package() -> tuple[tuple, dict]:
+    """The precision benchmark's trained digits CNN, its sample and the options that package
+    it with int8: the benchmark's calibration split and its gate (accuracy, max_drop)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import precision
+
+    import infertune
+
+    spec = precision.MODELS[INT8_MODEL]
+    data = precision.Data(spec.task(False), spec.inputs(False))
+    cache = precision.DEFAULT_CACHE.expanduser()
+    model, _ = precision.trained_model(INT8_MODEL, data, False, cache)
+    options = {
+        "precision": ("fp32", "int8"),
+        "calibration": data.x("calibration"),
+        "accuracy": infertune.Accuracy(
+            data.batches("gate"), "accuracy", max_drop=precision.MAX_DROP
+        ),
+    }
+    return (model, data.x("test")[:1].copy()), options
 
 
 def live_batch_norms(model, images):
@@ -126,14 +158,17 @@ def run(packages: Path, out: Path) -> None:
     summary["host"] = {
         "gpus": environment.get("gpu_devices"),
         "cpu": environment.get("cpu", {}).get("model"),
+        "cpu_instructions": environment.get("cpu", {}).get("precision_instructions"),
+        "cores": os.cpu_count(),
         "packages": {k: v for k, v in environment.get("packages", {}).items() if v},
     }
     for path in sorted(p for p in packages.iterdir() if p.is_dir()):
         start = time.perf_counter()
         try:
-            opt = infertune.optimize(
-                path, backends=[*GPU_CANDIDATES, *CPU_CANDIDATES], verbose=False
-            )
+            manifest = json.loads((path / "manifest.json").read_text())
+            int8 = "int8" in manifest["options"]["precision"]
+            backends = [*GPU_CANDIDATES, *CPU_CANDIDATES, *(INT8_CANDIDATES if int8 else ())]
+            opt = infertune.optimize(path, backends=backends, verbose=False)
         except Exception as exc:  # one package's failure is its entry, the others go on
             summary["packages"][path.name] = {"error": f"{type(exc).__name__}: {exc}"}
             continue
@@ -151,6 +186,17 @@ def run(packages: Path, out: Path) -> None:
                     "max_rel_err": c.max_rel_err,
                     "p50_ms": c.p50,
                     "p99_ms": c.p99,
+                    **(
+                        {
+                            "precision": c.precision,
+                            "metric": c.metric,
+                            "reference_metric": c.reference_metric,
+                            "metric_drop_bound": c.metric_drop_bound,
+                            "quantization": c.quantization,
+                        }
+                        if c.precision != "fp32"
+                        else {}
+                    ),
                 }
                 for c in opt.report.candidates
             ],

@@ -205,6 +205,43 @@ def test_a_layer_quantization_breaks_is_kept_in_float32(broken_by_one_layer, dig
     assert "kept" in str(opt.report)
 
 
+def _litert_int8(model, digits, max_drop: float):
+    """optimize() with LiteRT's full int8 alone, gated on the digits' validation split."""
+    x, y = digits["validation"]
+    return infertune.optimize(
+        model, x[:1], backends=["litert-int8"], precision=INT8,
+        calibration=digits["calibration"], accuracy=Accuracy((x, y), max_drop=max_drop),
+        verbose=False,
+    )  # fmt: skip
+
+
+@pytest.mark.slow
+@needs_litert
+def test_litert_keeps_the_broken_layer_in_float32_calibrating_once(
+    broken_by_one_layer, digits, monkeypatch
+):
+    """LiteRT's full int8 with the huge-range layer kept in float32 passes; every search step
+    quantizes the ranges the first calibration logged (export/tflite.py `_calibrated`): the
+    calibrator runs the model on the samples once, not once or twice per step."""
+    from tensorflow.lite.python.optimize import calibrator
+
+    calibrations = []
+    calibrate = calibrator.Calibrator.calibrate
+
+    def counted(self, *args, **kwargs):
+        calibrations.append(1)
+        return calibrate(self, *args, **kwargs)
+
+    monkeypatch.setattr(calibrator.Calibrator, "calibrate", counted)
+    opt = _litert_int8(broken_by_one_layer, digits, max_drop=0.02)
+    quantized = _by_name(opt)["litert-int8"]
+    assert quantized.status in ("ok", "selected"), quantized.reason
+    kept = [k["layer"] for k in quantized.kept_fp32]
+    assert any("wide" in layer for layer in kept), kept
+    assert quantized.metric_drop_bound <= 0.02
+    assert len(calibrations) == 1, len(calibrations)
+
+
 @pytest.mark.slow
 @needs_onnxruntime
 def test_a_reduced_candidate_slower_than_one_verified_is_not_judged(broken_by_one_layer, digits):
@@ -362,7 +399,7 @@ def test_the_models_predictions_are_made_beside_the_conversions(classifier, digi
 def test_tflite_int8_made_in_a_worker_process_is_the_one_made_here(classifier, digits, monkeypatch):
     """A worker process (pipeline/tf_worker.py) makes TFLite's full int8 conversion from the
     calibration samples this process writes for it: the result computes what the conversion
-    made here computes, bit for bit. (On ResNet50 224 that conversion takes 18-22 s on one
+    made here computes, bit for bit. (On ResNet50 224 that conversion takes 15-19 s on one
     core; a worker runs it beside this process's ONNX export and quantizations.)"""
     from helpers import target_for
 
@@ -370,13 +407,9 @@ def test_tflite_int8_made_in_a_worker_process_is_the_one_made_here(classifier, d
     from infertune.export.tflite import convert_int8
 
     monkeypatch.setenv("INFERTUNE_TF_WORKER", "always")  # a tiny model's too
-    x, y = digits["validation"]
     # A budget the whole conversion passes: a layer kept in float32 would be converted here.
-    opt = infertune.optimize(
-        classifier, x[:1], backends=["litert-int8"], precision=INT8,
-        calibration=digits["calibration"], accuracy=Accuracy((x, y), max_drop=0.05),
-        verbose=False,
-    )  # fmt: skip
+    opt = _litert_int8(classifier, digits, max_drop=0.05)
+    x = digits["validation"][0]
     assert any("tflite-int8 conversion was made in a worker" in n for n in opt.report.notes)
     worker = opt.report.stages.background["(shared)"]
     assert worker["TFLite full int8 conversion in a worker process"] > 0

@@ -29,7 +29,8 @@ __all__ = ["MEMORY_RUNS", "PEAK_EVERY", "MachineRecord"]
 # eager call (planning.Probe.runtime_call_s): corrections learned before would misapply.
 # 3: a calibrated conversion's estimate counts its calibration samples at the model's
 # arithmetic (planning.raw_conversion_s); NNCF's learned 3x of the old estimate would misapply.
-_VERSION = 3
+# 4: TFLite's full int8 quantizes the shared float32 conversion (its cost no longer holds one).
+_VERSION = 4
 _EMA = 0.5  # weight of the newest run in a learned correction: follows a changed load fast
 PEAK_EVERY = 10  # runs between two measurements of the peak
 MEMORY_RUNS = 8  # a conversion's measured peaks kept, the newest

@@ -90,7 +90,8 @@ class Preparation:
     to_judge: list[Candidate] = field(default_factory=list)
     to_search: list[Candidate] = field(default_factory=list)
     # p50 ms on the sample of those to judge and the fastest float32 candidates, timed
-    # together before the gates: the order of the gates and the searches.
+    # together before the gates: the order of the gates and the searches (a candidate that
+    # passes its search with layers kept in float32: its p50 with them, precision.py).
     sample_p50: dict[str, float] = field(default_factory=dict)
     # The model's predictions on the labelled data being made in a thread of their own by a
     # verified float32 candidate (preparing.py `_predict_early`): its name, their future.

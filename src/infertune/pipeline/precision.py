@@ -87,6 +87,8 @@ def search(
         if verdict is None:  # it passes: the measurement decides whether it is chosen
             _accept(state, variant)
             state.result.kept_fp32 = costs
+            if mine is not None:  # slower than quantized throughout: what later searches beat
+                run.sample_p50[state.name] = mine
             run.progress.say(f"{state.name}: passes with {', '.join(kept)} in float32")
             return
         with contextlib.suppress(Exception):
