@@ -394,6 +394,29 @@ def test_the_models_predictions_are_made_beside_the_conversions(classifier, digi
     assert quantized.reference_metric == pytest.approx(_accuracy(classifier, x, y))
 
 
+@needs_litert
+def test_tflite_full_int8_is_the_converters_own(classifier, digits):
+    """export/tflite.py quantizes the shared float32 conversion itself (calibrated once, for
+    every search step): the flatbuffer is the one TensorFlow's converter makes from the same
+    trace with the same representative dataset, byte for byte. A TensorFlow that changes its
+    post-training path breaks this test rather than infertune's int8 results silently."""
+    import tensorflow as tf
+    from helpers import target_for
+
+    from infertune.datasets import calibration_batches
+    from infertune.export import tflite
+
+    x = digits["validation"][0]
+    target = target_for(classifier, x[:1])
+    calibration = calibration_batches(digits["calibration"], target.signature)
+    ours = tflite.convert_int8(target, calibration)
+    converter, _, _ = tflite._converter(target)
+    converter.optimizations = [tf.lite.Optimize.DEFAULT]
+    rows = np.concatenate([batch[0] for batch in calibration])[: tflite.CALIBRATION_SAMPLES]
+    converter.representative_dataset = lambda: ([row[None]] for row in rows)
+    assert ours.content == converter.convert()
+
+
 @pytest.mark.slow
 @needs_litert
 def test_tflite_int8_made_in_a_worker_process_is_the_one_made_here(classifier, digits, monkeypatch):
