@@ -279,6 +279,29 @@ def test_a_calibrated_conversion_is_estimated_from_the_models_arithmetic():
         )
 
 
+def test_a_conversion_built_inside_another_is_timed_once():
+    """TFLite's full int8 builds the float32 conversion it quantizes where that one is not
+    built yet: each shared build's seconds are its own, the nested one's left out of the
+    outer's, so a stage holding both adds up to its time (not the float32 conversion twice,
+    which also taught the machine's record the wrong cost)."""
+    x = np.zeros((2, 3), np.float32)
+    signature, _ = build_signature(x, None, np.float32)
+    target = Target(None, signature, flatten(x)[1], [np.dtype("float32")])
+
+    def outer():
+        time.sleep(0.2)
+        return target.shared("inner", lambda: time.sleep(1.0))
+
+    start = time.perf_counter()
+    target.shared("outer", outer)
+    end = time.perf_counter()
+    seconds = target.built_between(start, end)
+    assert seconds["inner"] >= 1.0
+    assert 0.2 <= seconds["outer"] < 1.0, seconds  # 1.2 s and more counting the inner one
+    assert sum(seconds.values()) <= end - start
+    assert target.shared_seconds(["outer", "inner"]) <= end - start
+
+
 # -- shortcuts give what the long way gave ----------------------------------------------------
 def test_the_peak_is_measured_once_then_read_until_it_is_due_again(tmp_path):
     record = MachineRecord("fingerprint", tmp_path / "machine.json")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -41,6 +42,10 @@ class Target:
     used: list[str] = field(default_factory=list, repr=False)  # keys, in order of use
     _building: set[str] = field(default_factory=set, repr=False)
     _spans: dict[str, tuple[float, float]] = field(default_factory=dict, repr=False)
+    # Per thread, the seconds of the shared builds nested in each build under way (TFLite's
+    # full int8 builds the float32 conversion it quantizes): a build's own seconds leave them
+    # out, so that no conversion is timed twice.
+    _nested: threading.local = field(default_factory=threading.local, repr=False, compare=False)
     _offloaded: dict[str, Any] = field(default_factory=dict, repr=False)
     notes: list[str] = field(default_factory=list, repr=False)  # for the report
     offloaded_seconds: dict[str, float] = field(default_factory=dict, repr=False)
@@ -134,6 +139,8 @@ class Target:
             )
         if key not in self._shared:
             self._building.add(key)
+            nested = self._nested.__dict__.setdefault("inner_s", [])
+            nested.append(0.0)
             start = time.perf_counter()
             try:
                 if self._watched():
@@ -154,8 +161,11 @@ class Target:
                 # collection would cost more time than the memory is worth.
                 if self._watched():
                     release_freed_memory()
-            end = time.perf_counter()
-            self._seconds[key] = end - start
+                end = time.perf_counter()
+                inner = nested.pop()
+                if nested:  # built inside another build: not that one's own time
+                    nested[-1] += end - start
+            self._seconds[key] = end - start - inner
             self._spans[key] = (start, end)
         ok, value = self._shared[key]
         if not ok:
@@ -218,10 +228,11 @@ class Target:
         return sum(self._seconds.get(key, 0.0) for key in set(keys))
 
     def built_between(self, start: float, end: float) -> dict[str, float]:
-        """The shared conversions built within [start, end] (perf_counter), with their
-        seconds: the part of a stage that was shared work, not the candidate's own."""
+        """The shared conversions built within [start, end] (perf_counter), with their own
+        seconds (a nested build's not counted twice): the part of a stage that was shared
+        work, not the candidate's own."""
         return {
-            key: b - a
+            key: self._seconds[key]
             for key, (a, b) in self._spans.items()
             if a >= start and b <= end  # a build abandoned earlier ends inside no stage
         }
