@@ -242,6 +242,50 @@ def test_litert_keeps_the_broken_layer_in_float32_calibrating_once(
     assert len(calibrations) == 1, len(calibrations)
 
 
+@needs_onnxruntime
+def test_static_int8_keeping_layers_reads_the_first_calibrations_ranges(
+    classifier, digits, monkeypatch
+):
+    """ONNX Runtime's static int8 with layers kept in float32 (a search step) reads the ranges
+    its first calibration with that method found (export/onnx_int8.py): the same model, byte
+    for byte, as quantizing afresh with those layers kept, and the model runs on the samples
+    once per method, not once per step."""
+    import dataclasses
+    import importlib
+
+    from helpers import target_for
+
+    from infertune.export.onnx import convert_to_onnx
+    from infertune.export.onnx_int8 import layer_scopes, quantize_static_int8
+
+    quantize = importlib.import_module("onnxruntime.quantization.quantize")  # the module
+    calibrations = []
+    create = quantize.create_calibrator
+
+    def counted(*args, **kwargs):
+        calibrations.append(kwargs.get("calibrate_method"))
+        return create(*args, **kwargs)
+
+    monkeypatch.setattr(quantize, "create_calibrator", counted)
+    x = digits["calibration"]
+    exported = convert_to_onnx(target_for(classifier, x[:1]))
+    feeds = [{exported.input_names[0]: x[i : i + 1]} for i in range(16)]
+    scopes = list(layer_scopes(exported))
+    for method in ("minmax", "percentile"):
+        calibrations.clear()
+        quantize_static_int8(exported, feeds, method)
+        steps = [quantize_static_int8(exported, feeds, method, tuple(scopes[:n])) for n in (1, 2)]
+        assert len(calibrations) == 1, (method, calibrations)
+        fresh = dataclasses.replace(exported, derived={})  # nothing kept: calibrates anew
+        again = quantize_static_int8(fresh, feeds, method, tuple(scopes[:2]))
+        assert again.model_bytes == steps[1].model_bytes, method
+        assert steps[0].model_bytes != steps[1].model_bytes
+    other = [dict(feed) for feed in feeds[:8]]  # other calibration data: calibrated again
+    calibrations.clear()
+    quantize_static_int8(exported, other, "minmax", tuple(scopes[:1]))
+    assert len(calibrations) == 1
+
+
 @pytest.mark.slow
 @needs_onnxruntime
 def test_a_reduced_candidate_slower_than_one_verified_is_not_judged(broken_by_one_layer, digits):

@@ -96,6 +96,10 @@ class Preparation:
     # The model's predictions on the labelled data being made in a thread of their own by a
     # verified float32 candidate (preparing.py `_predict_early`): its name, their future.
     predicting: tuple[str, Future] | None = None
+    # The error each quantized layer adds (precision.py `_layer_errors`): ranked for the
+    # first search that keeps layers in float32, read by the next (the same export, the same
+    # calibration: 6 s each on the BERT-sized encoder, three searches).
+    layer_errors: dict[str, float] | None = None
 
     @property
     def memory_tight(self) -> str | None:

@@ -167,7 +167,14 @@ def _diverging(errors: dict[str, float]) -> str:
 
 
 def _layer_errors(run: Preparation) -> dict[str, float]:
-    """The error each quantized layer (name scope) adds, in the graph's order."""
+    """The error each quantized layer (name scope) adds, in the graph's order: ranked once
+    per run, for the first search (the searches run one after another)."""
+    if run.layer_errors is None:
+        run.layer_errors = _ranked(run)
+    return run.layer_errors
+
+
+def _ranked(run: Preparation) -> dict[str, float]:
     exported = export_onnx(run.target)
     try:
         quantized = shared(run.target, "onnx-int8-static")
