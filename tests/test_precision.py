@@ -280,6 +280,7 @@ def test_static_int8_keeping_layers_reads_the_first_calibrations_ranges(
         again = quantize_static_int8(fresh, feeds, method, tuple(scopes[:2]))
         assert again.model_bytes == steps[1].model_bytes, method
         assert steps[0].model_bytes != steps[1].model_bytes
+        assert not steps[0].derived  # the float32 export's ranges are not the int8 model's
     other = [dict(feed) for feed in feeds[:8]]  # other calibration data: calibrated again
     calibrations.clear()
     quantize_static_int8(exported, other, "minmax", tuple(scopes[:1]))

@@ -109,7 +109,9 @@ def quantize_dynamic_int8(exported: OnnxExport) -> OnnxExport:
         out = Path(tmp) / "int8.onnx"
         with _quiet():
             quantize_dynamic(onnx.load_from_string(exported.model_bytes), out, **settings)
-        return dataclasses.replace(exported, model_bytes=out.read_bytes(), _cleanup=None)
+        return dataclasses.replace(
+            exported, model_bytes=out.read_bytes(), _cleanup=None, derived={}
+        )
 
 
 def static_settings_text(method: str, keep: tuple[str, ...], reduce_range: bool) -> str:
@@ -215,7 +217,11 @@ def quantize_static_int8(
         model_bytes = (directory / ONNX_FILE).read_bytes()
     finally:
         shutil.rmtree(directory, ignore_errors=True)
-    return dataclasses.replace(exported, model_bytes=model_bytes, directory=None, _cleanup=None)
+    # What was derived from the float32 export (these ranges, NNCF's statistics) is not
+    # this model's.
+    return dataclasses.replace(
+        exported, model_bytes=model_bytes, directory=None, _cleanup=None, derived={}
+    )
 
 
 def _digest(feeds: list[dict[str, np.ndarray]]) -> str:
