@@ -153,6 +153,7 @@ def run(packages: Path, out: Path) -> None:
 
     summary: dict = {"host": {}, "packages": {}}
     from infertune.environment import collect_environment
+    from infertune.pipeline.packaging import Package
 
     environment = collect_environment()
     summary["host"] = {
@@ -165,8 +166,7 @@ def run(packages: Path, out: Path) -> None:
     for path in sorted(p for p in packages.iterdir() if p.is_dir()):
         start = time.perf_counter()
         try:
-            manifest = json.loads((path / "manifest.json").read_text())
-            int8 = "int8" in manifest["options"]["precision"]
+            int8 = "int8" in Package.read(path).manifest["options"]["precision"]
             backends = [*GPU_CANDIDATES, *CPU_CANDIDATES, *(INT8_CANDIDATES if int8 else ())]
             opt = infertune.optimize(path, backends=backends, verbose=False)
         except Exception as exc:  # one package's failure is its entry, the others go on
