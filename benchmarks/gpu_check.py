@@ -6,15 +6,17 @@ Two steps (docs/gpu.md gives the whole command):
     python3 benchmarks/gpu_check.py run --packages gpu-check/packages --out summary.json
                                                                # GPU host, no TensorFlow
 
-`prepare` writes infertune's wheel and five packages (infertune.package), each under 50 MB
+`prepare` writes infertune's wheel and six packages (infertune.package), each under 50 MB
 so that each crosses an air gap in one transfer: the demo's small CNN (batch 1), MobileNetV2
-at 224 (random weights, batch-normalization statistics from one batch; batch 1), the demo's
-transformer encoder, the same encoder tuned at batch sizes 1, 8 and 32 (other shapes on
-the GPU: the CUDA graph serves the sample's alone), and the precision benchmark's digits CNN
+at 224 (random weights, batch-normalization statistics from one batch; batch 1 and 32), the
+demo's transformer encoder, the same encoder tuned at batch sizes 1, 8 and 32 (other shapes
+on the GPU: the CUDA graph serves the sample's alone), the precision benchmark's digits CNN
 (trained, benchmarks/precision.py) packaged with precision=("fp32", "int8"), its calibration
 and gate data (ONNX Runtime's static int8 is then quantized on the GPU host, LiteRT's int8
-conversions come in the package); then it says how to bring onnxruntime-gpu's wheel (about
-255 MB) in parts of at most 60 MB.
+conversions come in the package), and the same benchmark's MobileNetV2-style shapes
+classifier (trained, 64x64) with precision=("fp32", "fp16") and its gate, at batch 1 and 32;
+every other package allows fp16 too (judged by the agreement rule: no labelled data). Then it
+says how to bring onnxruntime-gpu's wheel (about 255 MB) in parts of at most 60 MB.
 
 `run`, on the GPU host (Python 3.12, the NVIDIA driver, CUDA 13 and cuDNN as Python packages,
 no TensorFlow, no package index): tunes each package with the GPU candidates and the CPU ones
@@ -39,8 +41,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 GPU_CANDIDATES = (
-    "onnxruntime-cuda", "onnxruntime-cuda:graph", "onnxruntime-tensorrt",
-    "onnxruntime-tensorrt-fp16", "tensorrt", "tensorrt-fp16",
+    "onnxruntime-cuda", "onnxruntime-cuda:graph", "onnxruntime-cuda-fp16",
+    "onnxruntime-cuda-fp16:graph", "onnxruntime-tensorrt", "onnxruntime-tensorrt-fp16",
+    "tensorrt", "tensorrt-fp16",
 )  # fmt: skip
 CPU_CANDIDATES = ("onnxruntime-cpu", "openvino-cpu", "litert")
 INT8_CANDIDATES = (  # for a package whose options name int8 (OpenVINO's needs NNCF there)
@@ -48,6 +51,8 @@ INT8_CANDIDATES = (  # for a package whose options name int8 (OpenVINO's needs N
     "litert-dynamic-int8",
 )  # fmt: skip
 INT8_MODEL = "digits-cnn"  # benchmarks/precision.py's, trained there (cached between runs)
+FP16_MODEL = "shapes-mobilenetv2"  # the same benchmark's, packaged with fp16 and its gate
+FP16_GATE_SAMPLES = 512  # of its gate split (64x64x3 images: the package stays under 50 MB)
 MAX_PACKAGE_MB = 50
 PART_MB = 60
 BATCH_SIZES = (1, 8, 32)  # the transformer packaged a second time, tuned per batch size
@@ -80,9 +85,16 @@ def prepare(out: Path) -> None:
         ),
     }
     options = {name: {} for name in models}
+    options["mobilenet-v2-224"] = {"batch_sizes": (1, 32)}  # float16's tensor cores at 32
     models["transformer-batches"] = models["transformer"]
     options["transformer-batches"] = {"batch_sizes": BATCH_SIZES}
-    models[f"{INT8_MODEL}-int8"], options[f"{INT8_MODEL}-int8"] = int8_package()
+    models[f"{INT8_MODEL}-int8"], options[f"{INT8_MODEL}-int8"] = trained_package(
+        INT8_MODEL, ("fp32", "int8")
+    )
+    models[f"{FP16_MODEL}-fp16"], options[f"{FP16_MODEL}-fp16"] = trained_package(
+        FP16_MODEL, ("fp32", "fp16"), gate_samples=FP16_GATE_SAMPLES
+    )
+    options[f"{FP16_MODEL}-fp16"]["batch_sizes"] = (1, 32)
     for name, (model, sample) in models.items():
         path = out / "packages" / name
         start = time.perf_counter()
@@ -101,25 +113,29 @@ def prepare(out: Path) -> None:
     )
 
 
-def int8_package() -> tuple[tuple, dict]:
-    """The precision benchmark's trained digits CNN, its sample and the options that package
-    it with int8: the benchmark's calibration split and its gate (accuracy, max_drop)."""
+def trained_package(
+    name: str, precision_allowed: tuple[str, ...], gate_samples: int | None = None
+) -> tuple[tuple, dict]:
+    """A model the precision benchmark trains (cached there), its sample and the options that
+    package it with `precision_allowed`: the benchmark's calibration split where int8 is
+    allowed (nothing else calibrates), and its gate (accuracy, max_drop) on the first
+    `gate_samples` of the gate split (all where None)."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import precision
 
     import infertune
 
-    spec = precision.MODELS[INT8_MODEL]
+    spec = precision.MODELS[name]
     data = precision.Data(spec.task(False), spec.inputs(False))
     cache = precision.DEFAULT_CACHE.expanduser()
-    model, _ = precision.trained_model(INT8_MODEL, data, False, cache)
+    model, _ = precision.trained_model(name, data, False, cache)
+    gate = (data.x("gate")[:gate_samples], data.y("gate")[:gate_samples])
     options = {
-        "precision": ("fp32", "int8"),
-        "calibration": data.x("calibration"),
-        "accuracy": infertune.Accuracy(
-            data.batches("gate"), "accuracy", max_drop=precision.MAX_DROP
-        ),
+        "precision": precision_allowed,
+        "accuracy": infertune.Accuracy(gate, "accuracy", max_drop=precision.MAX_DROP),
     }
+    if "int8" in precision_allowed:
+        options["calibration"] = data.x("calibration")
     return (model, data.x("test")[:1].copy()), options
 
 

@@ -27,7 +27,7 @@ from helpers import dense_model
 
 import infertune
 from infertune.backends import BACKENDS, GPU_BACKENDS
-from infertune.backends.onnxruntime_gpu import OnnxRuntimeCuda
+from infertune.backends.onnxruntime_gpu import OnnxRuntimeCuda, OnnxRuntimeCudaFp16
 from infertune.backends.tensorrt import build_settings, host_shape
 from infertune.environment import gpu_devices, install_hint, package_version
 from infertune.export.onnx_fp16 import float16_onnx
@@ -59,6 +59,8 @@ from infertune.structure import flatten
 GPU_CANDIDATES = [
     "onnxruntime-cuda",
     "onnxruntime-cuda:graph",
+    "onnxruntime-cuda-fp16",
+    "onnxruntime-cuda-fp16:graph",
     "onnxruntime-tensorrt",
     "onnxruntime-tensorrt-fp16",
     "tensorrt",
@@ -116,7 +118,7 @@ def test_every_gpu_candidate_is_unavailable_in_a_real_report():
     reason = {name: opt.report.candidate(name).reason for name in GPU_CANDIDATES}
     facts = gpu_facts()
     if "onnxruntime-gpu" not in facts.onnxruntime:  # the CPU install CI tests
-        for name in ("onnxruntime-cuda", "onnxruntime-cuda:graph", "onnxruntime-tensorrt"):
+        for name in ("onnxruntime-cuda", "onnxruntime-cuda-fp16", "onnxruntime-tensorrt"):
             assert install_hint("gpu") in reason[name]
     if facts.tensorrt is None:
         assert install_hint("tensorrt") in reason["tensorrt"]
@@ -445,6 +447,52 @@ def test_cuda_graph_call_serves_the_sample_shape_and_the_plain_path_the_others()
         thread.join()
     for i in range(4):
         np.testing.assert_array_equal(got[i], wanted[i])
+    backend.close()
+
+
+class Fp16OnCpu(IoBindingOnCpu, OnnxRuntimeCudaFp16):
+    """FAKE device, because no GPU can exist here: OnnxRuntimeCudaFp16 (the float16 graph,
+    IO binding, the CUDA graph's fixed buffers) on the CPU provider with its device set to
+    "cpu", as IoBindingOnCpu (ONNX Runtime runs the float16 graph's operators on the CPU too)."""
+
+    name = "fp16-on-cpu"
+    rehearse_in_child = False  # built in this process: the child knows only registered names
+
+
+def test_cuda_fp16_runs_the_float16_graph_is_judged_by_the_gate_and_loads(tmp_path):
+    import onnx
+    from helpers import prepared_backend, target_for
+
+    model = dense_model()
+    x = np.random.default_rng(3).standard_normal((16, 6)).astype("float32")
+    for graph in (False, True):  # each alone: the slower of two is not judged
+        backend = Fp16OnCpu(cuda_graph=graph)
+        opt = infertune.optimize(
+            model, x, precision=("fp32", "fp16"), backends=[backend], isolation="off",
+            verbose=False,
+        )  # fmt: skip
+        result = opt.report.candidate(backend.name)
+        assert result.status in ("ok", "selected"), (backend.name, result.reason)
+        assert result.precision == "fp16" and result.gate is not None  # the gate judged it
+        assert result.quantization and "float16" in result.quantization
+        # float16 keeps 11 significant bits: two layers' round-off, not float32's 1e-7.
+        assert 1e-6 < result.max_rel_err < 1e-2, result.max_rel_err
+        opt.close()
+    backend, signature = prepared_backend(Fp16OnCpu(cuda_graph=True), model, x)
+    graph = onnx.load_from_string(backend._saved[0].model_bytes).graph
+    assert {i.data_type for i in graph.initializer} == {onnx.TensorProto.FLOAT16}
+    # The saved model.onnx is the float16 graph; loaded, it runs as it ran.
+    settings = backend.save_artifact(tmp_path)
+    assert settings["cuda_graph"] is True
+    target = target_for(model, x)
+    loading = type(target)(None, signature, target.output_structure, target.output_dtypes)
+    loaded = Fp16OnCpu.load_artifact(tmp_path, settings, loading)
+    saved = onnx.load(str(tmp_path / settings["file"])).graph
+    assert {i.data_type for i in saved.initializer} == {onnx.TensorProto.FLOAT16}
+    for batch in (16, 5):  # the captured shape and another
+        inputs = signature.flatten(x[:batch])
+        np.testing.assert_array_equal(loaded.run(inputs)[0], backend.run(inputs)[0])
+    loaded.close()
     backend.close()
 
 

@@ -20,7 +20,13 @@ from .base import Backend, Target
 from .keras_eager import KerasEager
 from .litert import LiteRTDynamicInt8, LiteRTInt8, litert_variants
 from .onnxruntime import OnnxRuntimeCpuInt8, OnnxRuntimeCpuInt8Static, onnxruntime_cpu_variants
-from .onnxruntime_gpu import OnnxRuntimeCuda, OnnxRuntimeTensorrt, OnnxRuntimeTensorrtFp16
+from .onnxruntime_gpu import (
+    OnnxRuntimeCuda,
+    OnnxRuntimeCudaFp16,
+    OnnxRuntimeTensorrt,
+    OnnxRuntimeTensorrtFp16,
+    cuda_variants,
+)
 from .openvino import OpenVinoCpu, OpenVinoCpuBf16, OpenVinoCpuInt8
 from .tensorrt import TensorRtEngine, TensorRtEngineFp16
 from .tf_function import TfFunction
@@ -86,8 +92,8 @@ FAMILIES: tuple[Family, ...] = (
     Family(litert_variants(), compute=1, overhead=1),
     Family(_one(LiteRTInt8)),
     Family(_one(LiteRTDynamicInt8)),
-    Family({OnnxRuntimeCuda.name: OnnxRuntimeCuda,
-            f"{OnnxRuntimeCuda.name}:graph": partial(OnnxRuntimeCuda, cuda_graph=True)}, gpu=True),
+    Family(cuda_variants(OnnxRuntimeCuda), gpu=True),
+    Family(cuda_variants(OnnxRuntimeCudaFp16), gpu=True),
     Family(_one(OnnxRuntimeTensorrt), gpu=True),
     Family(_one(OnnxRuntimeTensorrtFp16), gpu=True),
     Family(_one(TensorRtEngine), gpu=True),

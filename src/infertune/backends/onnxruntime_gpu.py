@@ -9,6 +9,9 @@ host explicitly, and that copy is the synchronization point every timed call end
   shapes is captured as a CUDA graph and every later call at exactly those shapes replays it
   from fixed device buffers (one launch instead of one per kernel). Calls at other shapes go
   through a plain CUDA session. A model ONNX Runtime cannot capture (nodes on the CPU) fails.
+- `onnxruntime-cuda-fp16` (and `:graph`): the same on the export in float16 (weights and
+  arithmetic; inputs and outputs float32, export/onnx_fp16.py), where the GPU's tensor cores
+  run it: reduced precision, judged by the gate (pipeline/gate.py) like bf16 and int8.
 - `onnxruntime-tensorrt`, `onnxruntime-tensorrt-fp16`: the TensorRT execution provider (the
   CUDA one behind it for the nodes TensorRT does not take), an explicit optimization profile
   (gpu.profile_shapes), engines and timing caches on disk, fp16 as a reduced-precision
@@ -25,9 +28,10 @@ error carries what loading the libraries reported.
 fp32 means fp32: TF32 (10-bit mantissa products, the CUDA provider's default on Ampere and
 later) is turned off for `onnxruntime-cuda` (`use_tf32=0`).
 
-The run paths are written for a device and tested with `device = "cpu"` on the CPU provider
-(tests/test_gpu.py): IO binding, the CUDA-graph call with its fixed OrtValue buffers. NOT RUN
-ON GPU HARDWARE YET; without a GPU every one of them is `unavailable` (see docs/gpu.md).
+The run paths are tested with `device = "cpu"` on the CPU provider (tests/test_gpu.py): IO
+binding, the CUDA-graph call with its fixed OrtValue buffers, the float16 graph. The CUDA
+candidates, float32 and float16, have run on an H100; the TensorRT ones have not run on GPU
+hardware yet. Without a GPU every one of them is `unavailable` (see docs/gpu.md).
 """
 
 from __future__ import annotations
@@ -36,10 +40,14 @@ import threading
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 
 from ..errors import ClosedError
+from ..export.onnx import OnnxExport
+from ..export.onnx_fp16 import FLOAT16_TEXT
+from ..export.registry import shared
 from ..gpu import (
     CUDA_EP,
     TENSORRT_EP,
@@ -60,14 +68,15 @@ from ..gpu_libraries import (
     preload_tensorrt,
 )
 from ..settings import engine_cache_dir
-from .base import Backend, Target
+from .base import Target
 from .onnxruntime import OnnxRuntimeCpu, OrtSettings
 
 __all__ = [
     "OnnxRuntimeCuda",
+    "OnnxRuntimeCudaFp16",
     "OnnxRuntimeTensorrt",
     "OnnxRuntimeTensorrtFp16",
-    "onnxruntime_gpu_variants",
+    "cuda_variants",
 ]
 
 # The first GPU (CUDA_VISIBLE_DEVICES picks another): where the IO binding's buffers live. The
@@ -192,6 +201,29 @@ class OnnxRuntimeCuda(OnnxRuntimeCpu):
         return cls(OrtSettings(**settings["session"]), cuda_graph=settings.get("cuda_graph", False))
 
 
+class OnnxRuntimeCudaFp16(OnnxRuntimeCuda):
+    """The CUDA session on the export in float16 ("onnx-fp16"): half the weights' bytes and
+    the tensor cores' float16 products, inputs and outputs still float32. Reduced precision:
+    tried where precision= allows "fp16", judged by the gate, not by rtol/atol."""
+
+    name = "onnxruntime-cuda-fp16"
+    precision = "fp16"
+    precision_note: ClassVar[str] = FLOAT16_TEXT
+    conversions = ("onnx", "onnx-fp16")
+    memory_factor = 0.5  # float16 weights
+    rehearse_in_child = True  # the saved model.onnx is the float16 one: it loads as it ran
+
+    def model_export(self, target: Target) -> OnnxExport:
+        return shared(target, "onnx-fp16")
+
+    @classmethod
+    def _preload(cls, target: Target, exported: OnnxExport) -> None:
+        # The saved model.onnx is the float16 graph: it is the fp16 conversion (its input and
+        # output names are the export's).
+        target.preload("onnx", exported)
+        target.preload("onnx-fp16", exported)
+
+
 class _CudaGraphCall:
     """Calls at exactly the sample's shapes, replayed from a captured CUDA graph.
 
@@ -218,7 +250,7 @@ class _CudaGraphCall:
             binding.bind_ortvalue_input(name, value)
         for name, value in zip(plan.output_names, self._outputs):
             binding.bind_ortvalue_output(name, value)
-        self._session, self._binding = session, binding
+        self._session, self._binding, self._device = session, binding, device
         self._lock = threading.Lock()
         session.run_with_iobinding(binding)  # ONNX Runtime captures the graph on this run
 
@@ -227,7 +259,10 @@ class _CudaGraphCall:
             for value, x in zip(self._inputs, inputs):
                 value.update_inplace(np.ascontiguousarray(x))  # host -> the captured buffer
             self._session.run_with_iobinding(self._binding)
-            return [value.numpy() for value in self._outputs]  # device -> host: the sync
+            outputs = [value.numpy() for value in self._outputs]  # device -> host: the sync
+            # On the "cpu" device (the tests) numpy() is a view of the bound buffer, which
+            # the next call overwrites: a copy, as the GPU's device -> host copy is.
+            return outputs if self._device != "cpu" else [o.copy() for o in outputs]
 
 
 class OnnxRuntimeTensorrt(OnnxRuntimeCuda):
@@ -304,11 +339,6 @@ def _runtime_versions() -> str:
     return ", ".join(parts)
 
 
-def onnxruntime_gpu_variants() -> dict[str, Callable[[], Backend]]:
-    """The CUDA session, its CUDA-graph variant, the TensorRT provider in fp32 and fp16."""
-    return {
-        OnnxRuntimeCuda.name: OnnxRuntimeCuda,
-        OnnxRuntimeCuda.name + ":graph": partial(OnnxRuntimeCuda, cuda_graph=True),
-        OnnxRuntimeTensorrt.name: OnnxRuntimeTensorrt,
-        OnnxRuntimeTensorrtFp16.name: OnnxRuntimeTensorrtFp16,
-    }
+def cuda_variants(cls: type[OnnxRuntimeCuda]) -> dict[str, Callable[[], OnnxRuntimeCuda]]:
+    """The CUDA session and its CUDA-graph variant."""
+    return {cls.name: cls, cls.name + ":graph": partial(cls, cuda_graph=True)}

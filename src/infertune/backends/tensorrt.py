@@ -156,7 +156,7 @@ class TensorRtEngine(Backend):
         self.build = build_settings(tensorrt_major(trt.__version__), self.precision)
         model_bytes = exported.model_bytes
         if self.build.graph == "fp16":
-            model_bytes = shared(target, "onnx-fp16")
+            model_bytes = shared(target, "onnx-fp16").model_bytes
         self._profile = profile_shapes(
             target.signature, default_batch_sizes(target.signature), exported.input_names
         )

@@ -124,7 +124,8 @@ CONVERSIONS: dict[str, Conversion] = {
             cost=(1.0, 8.0), memory=2.0, samples=NNCF_SAMPLES, calibration_gflops=100.0,
         ),
         Conversion(
-            "onnx-fp16", "float16 conversion", "the ONNX export in float16 (TensorRT 11)",
+            "onnx-fp16", "float16 conversion",
+            "the ONNX export in float16 (ONNX Runtime's CUDA provider, TensorRT 11)",
             lambda target: float16_export(export_onnx(target)),
             cost=(0.3, 2.0), memory=1.0,
         ),
