@@ -30,7 +30,8 @@ from infertune.backends import BACKENDS, GPU_BACKENDS
 from infertune.backends.onnxruntime_gpu import OnnxRuntimeCuda, OnnxRuntimeCudaFp16
 from infertune.backends.tensorrt import build_settings, host_shape
 from infertune.environment import gpu_devices, install_hint, package_version
-from infertune.export.onnx_fp16 import float16_onnx
+from infertune.export.onnx import OnnxExport
+from infertune.export.onnx_fp16 import float16_export, float16_onnx
 from infertune.gpu import (
     NO_GPU,
     GpuFacts,
@@ -546,6 +547,13 @@ def test_the_float16_graph_for_tensorrt_11_runs_and_is_reduced_precision():
     # float16 keeps 11 significant bits (2^-11 = 4.9e-4 per rounding): two layers land near
     # 1e-3, above float32 round-off (1e-7) and well below 1e-2 (a wrong graph is ~1).
     assert 1e-6 < error < 1e-2, error
+
+
+def test_the_float16_conversion_says_it_does_not_read_external_data(tmp_path):
+    # A model past 2 GB is exported with its weights in model.onnx.data beside model.onnx.
+    exported = OnnxExport(b"", ["in_0"], ["out_0"], 0.0, 17, directory=tmp_path)
+    with pytest.raises(RuntimeError, match="external data"):
+        float16_export(exported)
 
 
 # The TensorRT names backends/tensorrt.py calls, checked against the installed bindings.
