@@ -15,7 +15,7 @@ on the GPU: the CUDA graph serves the sample's alone), the precision benchmark's
 and gate data (ONNX Runtime's static int8 is then quantized on the GPU host, LiteRT's int8
 conversions come in the package), and the same benchmark's MobileNetV2-style shapes
 classifier (trained, 64x64) with precision=("fp32", "fp16") and its gate, at batch 1 and 32;
-every other package allows fp16 too (judged by the agreement rule: no labelled data). Then it
+the others but the int8 one allow fp16 too (judged by the agreement rule: no labelled data). Then it
 says how to bring onnxruntime-gpu's wheel (about 255 MB) in parts of at most 60 MB.
 
 `run`, on the GPU host (Python 3.12, the NVIDIA driver, CUDA 13 and cuDNN as Python packages,
