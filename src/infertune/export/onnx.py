@@ -51,6 +51,7 @@ __all__ = [
     "OnnxExport",
     "convert_to_onnx",
     "external_export",
+    "in_memory_export",
     "owned_export",
     "temporary_directory",
     "read_onnx",
@@ -149,6 +150,20 @@ def external_export(
 def temporary_directory() -> Path:
     """A new directory for an export with external data (see `owned_export`)."""
     return Path(tempfile.mkdtemp(prefix="infertune-onnx-"))
+
+
+def in_memory_export(model_bytes: bytes, like: OnnxExport) -> OnnxExport:
+    """A model made from an export (quantized, in float16) as an export of its own, its
+    weights inside `model_bytes`; names, opset and width as `like`'s, and nothing derived
+    from `like` (calibration ranges, NNCF's statistics: they are not this model's)."""
+    return OnnxExport(
+        model_bytes=model_bytes,
+        input_names=list(like.input_names),
+        output_names=list(like.output_names),
+        seconds=like.seconds,
+        opset=like.opset,
+        parallel_width=like.parallel_width,
+    )
 
 
 def owned_export(directory: Path, like: OnnxExport) -> OnnxExport:

@@ -4,9 +4,7 @@ later) builds its fp16 engine from (backends/tensorrt.py)."""
 
 from __future__ import annotations
 
-import dataclasses
-
-from .onnx import OnnxExport
+from .onnx import OnnxExport, in_memory_export
 
 __all__ = ["FLOAT16_TEXT", "float16_export", "float16_onnx"]
 
@@ -39,4 +37,4 @@ def float16_export(exported: OnnxExport) -> OnnxExport:
             "the model's weights are ONNX external data (past protobuf's 2 GB), which the "
             "float16 conversion (onnxruntime.transformers.float16, from bytes) does not read"
         )
-    return dataclasses.replace(exported, model_bytes=float16_onnx(exported.model_bytes), derived={})
+    return in_memory_export(float16_onnx(exported.model_bytes), exported)

@@ -23,7 +23,6 @@ again: the same model byte for byte (BERT-sized encoder, 32 samples: 3.2 s again
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import hashlib
 import inspect
 import logging
@@ -37,7 +36,14 @@ from typing import Any
 import numpy as np
 
 from ..quiet import stdout_silenced
-from .onnx import DATA_FILE, ONNX_FILE, OnnxExport, owned_export, temporary_directory
+from .onnx import (
+    DATA_FILE,
+    ONNX_FILE,
+    OnnxExport,
+    in_memory_export,
+    owned_export,
+    temporary_directory,
+)
 
 __all__ = [
     "CALIBRATION_METHODS",
@@ -109,9 +115,7 @@ def quantize_dynamic_int8(exported: OnnxExport) -> OnnxExport:
         out = Path(tmp) / "int8.onnx"
         with _quiet():
             quantize_dynamic(onnx.load_from_string(exported.model_bytes), out, **settings)
-        return dataclasses.replace(
-            exported, model_bytes=out.read_bytes(), _cleanup=None, derived={}
-        )
+        return in_memory_export(out.read_bytes(), exported)
 
 
 def static_settings_text(method: str, keep: tuple[str, ...], reduce_range: bool) -> str:
@@ -217,11 +221,7 @@ def quantize_static_int8(
         model_bytes = (directory / ONNX_FILE).read_bytes()
     finally:
         shutil.rmtree(directory, ignore_errors=True)
-    # What was derived from the float32 export (these ranges, NNCF's statistics) is not
-    # this model's.
-    return dataclasses.replace(
-        exported, model_bytes=model_bytes, directory=None, _cleanup=None, derived={}
-    )
+    return in_memory_export(model_bytes, exported)
 
 
 def _digest(feeds: list[dict[str, np.ndarray]]) -> str:
