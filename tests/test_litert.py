@@ -19,8 +19,9 @@ from helpers import (
 )
 
 import infertune
-from infertune.backends.litert import LiteRT, _input_order, _output_order
+from infertune.backends.litert import LiteRT, _output_order
 from infertune.environment import install_hint
+from infertune.export.tflite import input_order
 from infertune.target import Target
 
 # XNNPACK's float32 kernels sum in another order than TensorFlow's: round-off near 1e-7
@@ -190,12 +191,12 @@ def test_inputs_are_matched_by_name_not_position():
         {"name": "serving_default_in_1:0", "index": 5},
         *({"name": f"in_{i}", "index": 100 + i} for i in (0, *range(2, 10))),
     ]
-    order = _input_order(details, 11)
+    order = input_order(details, 11)
     assert order[:3] == [100, 5, 102] and order[10] == 7
     with pytest.raises(RuntimeError, match="not in_0"):
-        _input_order(details[:2], 2)  # in_1 and in_10, no in_0
+        input_order(details[:2], 2)  # in_1 and in_10, no in_0
     with pytest.raises(RuntimeError, match="unexpected TFLite input name"):
-        _input_order([{"name": "x", "index": 0}], 1)
+        input_order([{"name": "x", "index": 0}], 1)
 
 
 def test_outputs_are_matched_to_the_functions_order():

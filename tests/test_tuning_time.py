@@ -264,9 +264,10 @@ def test_a_calibrated_conversion_is_estimated_from_the_models_arithmetic():
     """A calibration runs the model on each sample: its time follows the model's arithmetic,
     which the graph's size does not tell (the BERT-sized encoder traces in a third of
     ResNet50's time for the same arithmetic; estimated from the trace alone, TFLite's full
-    int8 conversion of ResNet50 224 came out at 6.5 s against 18-22 s measured)."""
+    int8 conversion of ResNet50 224 came out at 6.5 s against 18-22 s measured while TFLite's
+    calibrator measured its ranges, 8-10 s since infertune's range pass does)."""
     resnet = Probe(flops=7_750_000_000, flops_note="", trace_s=0.7, call_s=0.06)
-    assert 15.0 <= conversion_estimate_s("tflite-int8", resnet, None) <= 25.0
+    assert 5.0 <= conversion_estimate_s("tflite-int8", resnet, None) <= 12.0
     same_graph_less_arithmetic = Probe(flops=7_750_000, flops_note="", trace_s=0.7, call_s=0.06)
     for key in ("tflite-int8", "openvino-int8", "onnx-int8-static"):
         assert conversion_estimate_s(key, resnet, None) > conversion_estimate_s(

@@ -37,6 +37,10 @@ _TF_START = re.compile(
 _quieted = False  # whether quiet_tensorflow_logs() set TF_CPP_MIN_LOG_LEVEL (not the user)
 
 
+# LiteRT's line on stderr when an interpreter first applies XNNPACK in a process.
+XNNPACK_BANNER = re.compile(rb"^INFO: Created TensorFlow Lite XNNPACK delegate for CPU\.\n", re.M)
+
+
 def quiet_tensorflow_logs() -> None:
     """TF_CPP_MIN_LOG_LEVEL=3 (TensorFlow's C++ logging: its errors too; its Python
     exceptions still say what went wrong) unless the user set it, and only before TensorFlow

@@ -19,7 +19,6 @@ match fails prepare() instead of guessing an order.
 from __future__ import annotations
 
 import importlib.util
-import re
 import threading
 from collections.abc import Callable
 from functools import partial
@@ -30,8 +29,8 @@ import numpy as np
 
 from ..environment import install_hint, usable_cores
 from ..export.registry import shared
-from ..export.tflite import Converted, convert_int8, converter_error, tensor_name
-from ..quiet import stderr_without
+from ..export.tflite import Converted, convert_int8, converter_error, input_order, tensor_name
+from ..quiet import XNNPACK_BANNER, stderr_without
 from .base import Backend, Target
 
 __all__ = ["LiteRT", "LiteRTDynamicInt8", "LiteRTInt8", "litert_variants"]
@@ -308,9 +307,8 @@ class LiteRT(Backend):
         return backend
 
 
-# LiteRT writes this on stderr when it first applies XNNPACK in a process; no setting turns it
-# off, and it says nothing about the user's model.
-_BANNER = re.compile(rb"^INFO: Created TensorFlow Lite XNNPACK delegate for CPU\.\n", re.M)
+# LiteRT writes its banner (quiet.XNNPACK_BANNER) on stderr when it first applies XNNPACK in
+# a process; no setting turns it off, and it says nothing about the user's model.
 _banner_lock = threading.Lock()
 _banner_said = False
 
@@ -324,7 +322,7 @@ def _without_banner(open_session: Callable[[], Any]) -> Any:
     with _banner_lock:
         if _banner_said:
             return open_session()
-        with stderr_without(_BANNER):
+        with stderr_without(XNNPACK_BANNER):
             session = open_session()
         _banner_said = True
         return session
@@ -355,7 +353,7 @@ class _Interpreters:
         self._open = partial(converted.interpreter, num_threads=threads)
         self._shapes = shapes  # fixed: allocated at these shapes, never resized
         first = self._session()
-        self.inputs = _input_order(first.interpreter.get_input_details(), inputs)
+        self.inputs = input_order(first.interpreter.get_input_details(), inputs)
         self.outputs = _output_order(first.interpreter.get_output_details(), converted.output_names)
         if len(self.outputs) != outputs:
             raise RuntimeError(f"TFLite model has {len(self.outputs)} outputs, the model {outputs}")
@@ -609,21 +607,6 @@ def litert_variants() -> dict:
         variants[f"{LiteRT.name}:threads={threads}"] = partial(LiteRT, threads)
         threads *= 2
     return variants
-
-
-def _input_order(details: list[dict], count: int) -> list[int]:
-    """Tensor indices of inputs in_0 ... in_<count-1>, found by name (in_3, or a prefixed
-    serving_default_in_3:0), never by position."""
-    found: dict[int, int] = {}
-    for detail in details:
-        match = re.fullmatch(r"(?:.*_)?in_(\d+)(?::\d+)?", detail["name"])
-        if match is None or int(match.group(1)) in found:
-            raise RuntimeError(f"unexpected TFLite input name {detail['name']!r}")
-        found[int(match.group(1))] = detail["index"]
-    if sorted(found) != list(range(count)):
-        names = sorted(d["name"] for d in details)
-        raise RuntimeError(f"TFLite inputs {names} are not in_0 ... in_{count - 1}")
-    return [found[i] for i in range(count)]
 
 
 def _output_order(details: list[dict], names: tuple[str, ...]) -> list[int]:

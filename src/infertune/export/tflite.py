@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import re
 import shutil
 import tempfile
@@ -44,6 +45,7 @@ __all__ = [
     "convert_free",
     "convert_int8",
     "converter_error",
+    "input_order",
     "read_conversion",
     "reads_shapes",
     "tensor_name",
@@ -159,12 +161,14 @@ def convert_int8(
 
     Full int8 is the converter's own post-training path taken in its parts: the float32
     conversion the LiteRT candidates share ("tflite"), calibrated once (`_calibrated`), then
-    quantized (`mlir_quantize`, what the converter and its quantization debugger call). Same
-    flatbuffer, byte for byte, as `converter.convert()` with a representative dataset (checked
-    on the precision benchmark's six models), without converting the model a second time
-    (ResNet50 224 alone: 20.6 s the converter's way, 15.2 s from the shared conversion), and
-    each variant keeping layers in float32 costs a quantization alone (2.8 s there), not a
-    conversion and a calibration twice over (about 40 s)."""
+    quantized (`mlir_quantize`, what the converter and its quantization debugger call).
+    Before the ranges were measured by `_ranged`, the same flatbuffer, byte for byte, as
+    `converter.convert()` with a representative dataset (checked on the precision benchmark's
+    six models); now the same but for the ranges the converter's calibrator gets wrong and
+    the last bit of others (XNNPACK's arithmetic). The model is not converted a second time
+    (ResNet50 224 alone: 20.6 s the converter's way, 15.2 s from the shared conversion with
+    TFLite's calibrator), and each variant keeping layers in float32 costs a quantization
+    alone (2.8 s there), not a conversion and a calibration twice over (about 40 s)."""
     import tensorflow as tf
 
     if target.size().lean:
@@ -189,8 +193,9 @@ def convert_int8(
 
 def _calibrated(float32: Converted, calibration: list[list[np.ndarray]]) -> bytes:
     """The float32 flatbuffer with its tensors' ranges on the first CALIBRATION_SAMPLES
-    calibration samples (TFLite's calibrator, one sample at a time: ResNet50 224 12.6 s on
-    one core), made once per conversion and calibration data (kept with the conversion)."""
+    calibration samples, made once per conversion and calibration data (kept with the
+    conversion): measured by `_ranged` where it applies, else by TFLite's calibrator (one
+    sample at a time on one core: ResNet50 224 14.5 s on 32 samples)."""
     from tensorflow.lite.python import lite
     from tensorflow.lite.python.optimize import calibrator
 
@@ -208,11 +213,129 @@ def _calibrated(float32: Converted, calibration: list[list[np.ndarray]]) -> byte
                 yield [array[i : i + 1] for array in batch]
 
     flatbuffer = float32.content or float32.path.read_bytes()
-    with _quiet_converter():
-        logged = calibrator.Calibrator(calibrator.add_intermediate_tensors(flatbuffer), [], [])
-        calibrated = logged.calibrate(lite.RepresentativeDataset(samples).input_gen)
+    calibrated = _ranged(flatbuffer, samples)
+    if calibrated is None:
+        with _quiet_converter():
+            logged = calibrator.Calibrator(calibrator.add_intermediate_tensors(flatbuffer), [], [])
+            calibrated = logged.calibrate(lite.RepresentativeDataset(samples).input_gen)
     float32.derived[_CALIBRATED] = (calibration, calibrated)
     return calibrated
+
+
+def _ranged(flatbuffer: bytes, samples: Callable[[], Iterator[list[np.ndarray]]]) -> bytes | None:
+    """The flatbuffer with the range (min, max) over `samples` of every float tensor an op
+    reads or writes, the tensors TFLite's calibrator records: measured by running the model
+    with each of them made an output, at XNNPACK's speed on every core (ResNet50 224, 32
+    samples: 3.1-3.9 s against the calibrator's 14.5-14.8 s, benchmarks/tflite_ranges.py).
+    None where the calibrator records more
+    (several subgraphs: control flow; ops with intermediate tensors: LSTM).
+
+    Where the two differ, the calibrator is wrong: its interpreter runs ADD in place over its
+    input and logs that input after the op, so a residual branch's range spans the sum's
+    (ResNet50 224: 15 tensors, conv4_block6's -9.8..43.1 where its values span -9.8..9.1, an
+    int8 step 2.8x coarser than its values need)."""
+    from ai_edge_litert.interpreter import Interpreter
+    from tensorflow.lite.python import schema_py_generated as schema
+    from tensorflow.lite.tools import flatbuffer_utils
+
+    from ..environment import usable_cores
+    from ..quiet import XNNPACK_BANNER, stderr_without
+
+    model = flatbuffer_utils.read_model_from_bytearray(bytearray(flatbuffer))
+    if len(model.subgraphs) != 1:
+        return None
+    graph = model.subgraphs[0]
+    if any(op.intermediates is not None and len(op.intermediates) for op in graph.operators):
+        return None
+
+    def constant(index: int) -> bool:
+        data = model.buffers[graph.tensors[index].buffer].data
+        return data is not None and len(data) > 0
+
+    inputs = [int(i) for i in graph.inputs]
+    read_or_written = {
+        int(i) for op in graph.operators for i in (*op.inputs, *op.outputs) if i >= 0
+    }
+    ranged = sorted(
+        i for i in read_or_written
+        if graph.tensors[i].type == schema.TensorType.FLOAT32 and not constant(i)
+    )  # fmt: skip
+    outputs = [int(i) for i in graph.outputs]
+    graph.outputs = np.array(
+        outputs + [i for i in ranged if i not in outputs and i not in inputs], dtype=np.int32
+    )
+    with stderr_without(XNNPACK_BANNER):
+        interpreter = Interpreter(
+            model_content=bytes(flatbuffer_utils.convert_object_to_bytearray(model)),
+            num_threads=usable_cores(),
+        )
+        interpreter.allocate_tensors()
+    try:  # the samples' arrays in_0, in_1, ... by name, as LiteRT's candidates feed them
+        feeds = input_order(interpreter.get_input_details(), len(inputs))
+    except RuntimeError:  # not infertune's names: the calibrator's order, by position
+        feeds = [d["index"] for d in interpreter.get_input_details()]
+    low, high = _measured(interpreter, feeds, samples, lambda i: graph.tensors[i].name.decode())
+    graph.outputs = np.array(outputs, dtype=np.int32)
+    for index in ranged:
+        if index not in low:
+            continue
+        tensor = graph.tensors[index]
+        if tensor.quantization is None:
+            tensor.quantization = schema.QuantizationParametersT()
+        tensor.quantization.min, tensor.quantization.max = [low[index]], [high[index]]
+    return bytes(flatbuffer_utils.convert_object_to_bytearray(model))
+
+
+def _measured(
+    interpreter: Any, feeds: list[int], samples: Callable, name: Callable[[int], str]
+) -> tuple[dict[int, float], dict[int, float]]:
+    """The least and greatest value of each float32 input and output of `interpreter` (the
+    interpreter's tensor numbers are the model's) over `samples`, fed to `feeds` in order."""
+    low: dict[int, float] = {}
+    high: dict[int, float] = {}
+
+    def record(index: int, values: np.ndarray) -> None:
+        if values.dtype != np.float32 or not values.size:
+            return
+        lo, hi = float(values.min()), float(values.max())
+        if math.isnan(lo) or math.isnan(hi):
+            raise ValueError(
+                f"the model gives NaN on a calibration sample (tensor {name(index)}): every "
+                "calibration input must give real values"
+            )
+        low[index], high[index] = min(low.get(index, lo), lo), max(high.get(index, hi), hi)
+
+    read = [d["index"] for d in interpreter.get_output_details()]
+    allocated: list[tuple[int, ...]] = []
+    for arrays in samples():
+        shapes = [tuple(a.shape) for a in arrays]
+        if shapes != allocated:
+            for index, shape in zip(feeds, shapes, strict=True):
+                interpreter.resize_tensor_input(index, shape, strict=False)
+            interpreter.allocate_tensors()
+            allocated = shapes
+        for index, array in zip(feeds, arrays, strict=True):
+            interpreter.set_tensor(index, array)
+            record(index, array)
+        interpreter.invoke()
+        for index in read:
+            record(index, interpreter.get_tensor(index))
+    return low, high
+
+
+def input_order(details: list[dict], count: int) -> list[int]:
+    """Tensor indices of inputs in_0 ... in_<count-1>, found by name (in_3, or a prefixed
+    serving_default_in_3:0), never by position."""
+    found: dict[int, int] = {}
+    for detail in details:
+        match = re.fullmatch(r"(?:.*_)?in_(\d+)(?::\d+)?", detail["name"])
+        if match is None or int(match.group(1)) in found:
+            raise RuntimeError(f"unexpected TFLite input name {detail['name']!r}")
+        found[int(match.group(1))] = detail["index"]
+    if sorted(found) != list(range(count)):
+        names = sorted(d["name"] for d in details)
+        raise RuntimeError(f"TFLite inputs {names} are not in_0 ... in_{count - 1}")
+    return [found[i] for i in range(count)]
 
 
 def _outputs_of(flatbuffer: bytes, scopes: tuple[str, ...]) -> list[str]:

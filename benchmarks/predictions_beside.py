@@ -1,0 +1,132 @@
+"""The model's predictions on the labelled data beside NNCF's quantization: what the session
+that makes them costs the pair, by whether its threads spin between calls.
+
+optimize() with reduced precision makes the model's predictions on the gate's data in a thread
+of its own while the quantizers run (pipeline/preparing.py `_predict_early`). ONNX Runtime's
+default session spins its worker threads between calls, which keeps both cores of a 2-core
+machine busy while NNCF collects its statistics with OpenVINO beside it. This times the pair,
+ResNet50 224 (random weights: the arithmetic is what counts), NNCF on 128 samples and the
+predictions on 435 in batches of 32, each setting in a child process of its own, the settings
+interleaved over the rounds:
+
+    python benchmarks/predictions_beside.py --rounds 3
+
+Settings: `spin` (ONNX Runtime's default session), `nospin` (allow_spinning=0: what
+infertune picks where such a candidate is verified), `one` (one thread, no spinning), `apart`
+(one after the other, nospin).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+SETTINGS = ("spin", "nospin", "one", "apart")
+GATE, CALIBRATION, BATCH = 435, 128, 32
+
+
+def export(path: Path) -> None:
+    import keras
+    import tensorflow as tf
+    import tf2onnx
+
+    keras.utils.set_random_seed(0)
+    model = keras.applications.ResNet50(weights=None, input_shape=(224, 224, 3))
+    spec = [tf.TensorSpec((None, 224, 224, 3), tf.float32, name="x")]
+    proto, _ = tf2onnx.convert.from_keras(model, input_signature=spec, opset=17)
+    path.write_bytes(proto.SerializeToString())
+
+
+def pair(path: Path, setting: str) -> dict:
+    """NNCF's quantization and the predictions, beside each other or one after the other."""
+    import nncf
+    import numpy as np
+    import onnxruntime as ort
+    import openvino as ov
+
+    onnx = path.read_bytes()
+    rng = np.random.default_rng(0)
+    gate = rng.random((GATE, 224, 224, 3), dtype=np.float32)
+    calibration = [{"x": rng.random((1, 224, 224, 3), dtype=np.float32)} for _ in range(128)]
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    if setting != "spin":
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    if setting == "one":
+        options.intra_op_num_threads = 1
+    session = ort.InferenceSession(onnx, options, providers=["CPUExecutionProvider"])
+    session.run(None, {"x": gate[:1]})
+
+    def predict() -> float:
+        start = time.perf_counter()
+        for i in range(0, GATE, BATCH):
+            session.run(None, {"x": gate[i : i + BATCH]})
+        return time.perf_counter() - start
+
+    def quantize() -> float:
+        start = time.perf_counter()
+        core = ov.Core()
+        quantized = nncf.quantize(
+            core.read_model(onnx, b""), nncf.Dataset(calibration), subset_size=CALIBRATION
+        )
+        core.compile_model(quantized, "CPU")
+        return time.perf_counter() - start
+
+    start = time.perf_counter()
+    if setting == "apart":
+        nncf_s, predictions_s = quantize(), predict()
+    else:
+        made: dict[str, float] = {}
+        thread = threading.Thread(target=lambda: made.setdefault("s", predict()))
+        thread.start()
+        nncf_s = quantize()
+        thread.join()
+        predictions_s = made["s"]
+    return {
+        "setting": setting,
+        "block_s": time.perf_counter() - start,
+        "nncf_s": nncf_s,
+        "predictions_s": predictions_s,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--settings", default=",".join(SETTINGS))
+    parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        print(json.dumps(pair(Path(args.child[0]), args.child[1])))
+        return
+    settings = args.settings.split(",")
+    with tempfile.TemporaryDirectory() as directory:
+        path = Path(directory) / "resnet50.onnx"
+        export(path)
+        rows: dict[str, list[dict]] = {s: [] for s in settings}
+        for round_ in range(args.rounds):
+            for setting in settings:
+                out = subprocess.run(
+                    [sys.executable, __file__, "--child", str(path), setting],
+                    capture_output=True, text=True, check=True,
+                )  # fmt: skip
+                row = json.loads(out.stdout.strip().splitlines()[-1])
+                rows[setting].append(row)
+                print(
+                    f"round {round_ + 1} {setting:>6}: the pair {row['block_s']:.1f} s "
+                    f"(NNCF {row['nncf_s']:.1f} s, predictions {row['predictions_s']:.1f} s)",
+                    flush=True,
+                )
+    for setting, done in rows.items():
+        blocks = sorted(r["block_s"] for r in done)
+        print(f"{setting:>6}: the pair {blocks[0]:.1f}-{blocks[-1]:.1f} s over {len(done)} rounds")
+
+
+if __name__ == "__main__":
+    main()
