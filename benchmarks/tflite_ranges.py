@@ -42,18 +42,11 @@ def target_of(model, sample):
 
 def ranged(flatbuffer: bytes, samples, way: str) -> tuple[bytes, float]:
     """The flatbuffer with its ranges measured `way`, and the seconds it took."""
-    from tensorflow.lite.python import lite
-    from tensorflow.lite.python.optimize import calibrator
-
     from infertune.export import tflite
 
+    measure = tflite._ranged if way == "range pass" else tflite._calibrator_ranged
     start = time.perf_counter()
-    if way == "range pass":
-        content = tflite._ranged(flatbuffer, samples)
-    else:
-        with tflite._quiet_converter():
-            logged = calibrator.Calibrator(calibrator.add_intermediate_tensors(flatbuffer), [], [])
-            content = logged.calibrate(lite.RepresentativeDataset(samples).input_gen)
+    content = measure(flatbuffer, samples)
     return content, time.perf_counter() - start
 
 

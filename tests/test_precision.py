@@ -532,8 +532,6 @@ def test_tflite_ranges_are_the_values_the_tensors_take():
     calibrator."""
     import keras
     import tensorflow as tf
-    from tensorflow.lite.python import lite
-    from tensorflow.lite.python.optimize import calibrator
 
     from infertune.export import tflite
 
@@ -550,8 +548,7 @@ def test_tflite_ranges_are_the_values_the_tensors_take():
         return ([row] for row in rows)
 
     _, graph = _graph(tflite._ranged(flatbuffer, samples))
-    logged = calibrator.Calibrator(calibrator.add_intermediate_tensors(flatbuffer), [], [])
-    _, their_graph = _graph(logged.calibrate(lite.RepresentativeDataset(samples).input_gen))
+    _, their_graph = _graph(tflite._calibrator_ranged(flatbuffer, samples))
 
     def ranges(tensors):
         return {
@@ -579,10 +576,9 @@ def test_tflite_ranges_are_the_values_the_tensors_take():
     feeds = [[rng.normal(size=(1, 6)).astype("float32"), rng.random((1, 3), "float32")]] * 4
     two_flat = tflite.convert_free(target_for(two, feeds[0])).content
     mine = ranges(_graph(tflite._ranged(two_flat, lambda: iter(feeds)))[1].tensors)
-    logged = calibrator.Calibrator(calibrator.add_intermediate_tensors(two_flat), [], [])
-    calibrated = logged.calibrate(lite.RepresentativeDataset(lambda: iter(feeds)).input_gen)
-    assert mine.keys() == ranges(_graph(calibrated)[1].tensors).keys()
-    for tensor, bounds in ranges(_graph(calibrated)[1].tensors).items():
+    logged = ranges(_graph(tflite._calibrator_ranged(two_flat, lambda: iter(feeds)))[1].tensors)
+    assert mine.keys() == logged.keys()
+    for tensor, bounds in logged.items():
         np.testing.assert_allclose(mine[tensor], bounds, rtol=1e-5, atol=1e-6)
 
     with pytest.raises(ValueError, match="NaN on a calibration sample"):

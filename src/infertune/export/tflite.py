@@ -196,9 +196,6 @@ def _calibrated(float32: Converted, calibration: list[list[np.ndarray]]) -> byte
     calibration samples, made once per conversion and calibration data (kept with the
     conversion): measured by `_ranged` where it applies, else by TFLite's calibrator (one
     sample at a time on one core: ResNet50 224 14.5 s on 32 samples)."""
-    from tensorflow.lite.python import lite
-    from tensorflow.lite.python.optimize import calibrator
-
     held = float32.derived.get(_CALIBRATED)
     if held is not None and held[0] is calibration:
         return held[1]
@@ -215,11 +212,22 @@ def _calibrated(float32: Converted, calibration: list[list[np.ndarray]]) -> byte
     flatbuffer = float32.content or float32.path.read_bytes()
     calibrated = _ranged(flatbuffer, samples)
     if calibrated is None:
-        with _quiet_converter():
-            logged = calibrator.Calibrator(calibrator.add_intermediate_tensors(flatbuffer), [], [])
-            calibrated = logged.calibrate(lite.RepresentativeDataset(samples).input_gen)
+        calibrated = _calibrator_ranged(flatbuffer, samples)
     float32.derived[_CALIBRATED] = (calibration, calibrated)
     return calibrated
+
+
+def _calibrator_ranged(
+    flatbuffer: bytes, samples: Callable[[], Iterator[list[np.ndarray]]]
+) -> bytes:
+    """The flatbuffer with the ranges TFLite's calibrator logs over `samples` (its
+    interpreter, one sample at a time on one core, arrays in the model's input order)."""
+    from tensorflow.lite.python import lite
+    from tensorflow.lite.python.optimize import calibrator
+
+    with _quiet_converter():
+        logged = calibrator.Calibrator(calibrator.add_intermediate_tensors(flatbuffer), [], [])
+        return logged.calibrate(lite.RepresentativeDataset(samples).input_gen)
 
 
 def _ranged(flatbuffer: bytes, samples: Callable[[], Iterator[list[np.ndarray]]]) -> bytes | None:
@@ -306,7 +314,9 @@ def _measured(
         low[index], high[index] = min(low.get(index, lo), lo), max(high.get(index, hi), hi)
 
     read = [d["index"] for d in interpreter.get_output_details()]
-    allocated: list[tuple[int, ...]] = []
+    # Allocated at these shapes when the interpreter was made.
+    made = {d["index"]: tuple(int(n) for n in d["shape"]) for d in interpreter.get_input_details()}
+    allocated = [made[index] for index in feeds]
     for arrays in samples():
         shapes = [tuple(a.shape) for a in arrays]
         if shapes != allocated:
