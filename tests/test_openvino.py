@@ -16,6 +16,7 @@ from helpers import (
 
 import infertune
 from infertune.backends import openvino as openvino_backend
+from infertune.backends.base import RunFacts
 from infertune.backends.openvino import OpenVinoCpu, OpenVinoCpuBf16
 from infertune.environment import install_hint
 from infertune.inputs import build_signature
@@ -143,7 +144,7 @@ def test_performance_hint_follows_the_objective():
 
 @needs_openvino
 def test_bf16_is_judged_by_agreement_not_the_tolerance():
-    reason = OpenVinoCpuBf16().available() or OpenVinoCpuBf16().not_worth_trying()
+    reason = OpenVinoCpuBf16().available() or OpenVinoCpuBf16().not_worth_trying(RunFacts())
     if reason is not None:
         pytest.skip(reason)
     model = dense_model()

@@ -118,6 +118,49 @@ def test_each_int8_candidate_quantizes_and_passes_the_task(classifier, digits):
 
 
 @pytest.mark.slow
+@needs_litert
+def test_litert_dynamic_range_is_not_tried_beside_full_int8_on_a_large_convolutional_model():
+    """On a convolutional model of at least LARGE_FLOPS a call, LiteRT's dynamic-range int8 is
+    slower than its full int8 (benchmarks/litert_dynamic_range.py): not tried where full int8
+    is, with the reason; tried where it is the only int8 candidate, or without calibration."""
+    import keras
+
+    from infertune.backends.litert import LARGE_FLOPS
+
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential(
+        [
+            keras.Input((64, 64, 16)),
+            keras.layers.Conv2D(64, 3, activation="relu"),
+            keras.layers.Conv2D(32, 3, activation="relu"),
+            keras.layers.GlobalAveragePooling2D(),
+            keras.layers.Dense(4),
+        ]
+    )
+    rng = np.random.default_rng(0)
+    calibration = rng.random((16, 64, 64, 16), dtype=np.float32)
+    both = ["litert-int8", "litert-dynamic-int8"]
+    options = dict(precision=INT8, verbose=False)
+    opt = infertune.optimize(
+        model, calibration[:1], backends=both, calibration=calibration, **options
+    )
+    dynamic, full = _by_name(opt)["litert-dynamic-int8"], _by_name(opt)["litert-int8"]
+    assert dynamic.status == "skipped", (dynamic.status, dynamic.reason)
+    flops = opt.report.diagnosis.flops
+    assert flops >= LARGE_FLOPS
+    assert f"a convolutional model of {flops / 1e9:.2g} GFLOP a call" in dynamic.reason
+    assert "slower than full int8 (litert-int8, tried here)" in dynamic.reason
+    assert full.status in ("ok", "selected"), (full.status, full.reason)
+    # Alone, or without calibration (no full int8 beside it): tried.
+    alone = infertune.optimize(
+        model, calibration[:1], backends=both[1:], calibration=calibration, **options
+    )
+    uncalibrated = infertune.optimize(model, calibration[:1], backends=both, **options)
+    for opt in (alone, uncalibrated):
+        assert _by_name(opt)["litert-dynamic-int8"].status in ("ok", "selected")
+
+
+@pytest.mark.slow
 @needs_onnxruntime
 def test_dynamic_int8_is_kept_for_dense_models_and_skipped_for_convolutions(
     classifier, dense_classifier, digits

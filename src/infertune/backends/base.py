@@ -37,7 +37,8 @@ those shapes only, and the callable sends it only calls of those shapes.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -48,7 +49,20 @@ from ..outputs import OutputSignature
 from ..target import Target
 from .triton_plan import TritonPlan
 
-__all__ = ["Backend", "NotApplicable", "Target"]
+__all__ = ["Backend", "NotApplicable", "RunFacts", "Target"]
+
+
+@dataclass(frozen=True)
+class RunFacts:
+    """What a candidate may weigh before any conversion (`Backend.not_worth_trying`): the
+    other candidates of the run, whether calibration data was given, and the model's traced
+    graph (its arithmetic per call at the sample's shapes, None where not countable; its op
+    types, counted)."""
+
+    candidates: frozenset[str] = frozenset()
+    calibrated: bool = False
+    flops: int | None = None
+    op_types: Mapping[str, int] = field(default_factory=dict)
 
 
 class NotApplicable(Exception):
@@ -144,10 +158,10 @@ class Backend(ABC):
         tuning only; a saved result loads where `available()` says it runs."""
         return None
 
-    def not_worth_trying(self) -> str | None:
-        """None, or why this candidate cannot pay on this machine and is `skipped` (bf16
-        where the CPU has no bf16 units: emulated, slower than float32). Cheap: asked before
-        any conversion."""
+    def not_worth_trying(self, run: RunFacts) -> str | None:
+        """None, or why this candidate cannot pay on this machine or against the others of
+        the run and is `skipped` (bf16 where the CPU has no bf16 units: emulated, slower than
+        float32). Cheap: asked before any conversion."""
         return None
 
     def variant(self, method: str | None = None, keep: tuple[str, ...] | None = None) -> Backend:

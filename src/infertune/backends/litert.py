@@ -31,7 +31,7 @@ from ..environment import install_hint, usable_cores
 from ..export.registry import shared
 from ..export.tflite import Converted, convert_int8, converter_error, input_order, tensor_name
 from ..quiet import XNNPACK_BANNER, stderr_without
-from .base import Backend, Target
+from .base import Backend, RunFacts, Target
 
 __all__ = ["LiteRT", "LiteRTDynamicInt8", "LiteRTInt8", "litert_variants"]
 
@@ -569,6 +569,17 @@ class LiteRTInt8(LiteRT):
         return backend
 
 
+# Dynamic-range int8 is not tried beside full int8 on convolutional models of at least this
+# arithmetic a call (LiteRTDynamicInt8.not_worth_trying). benchmarks/litert_dynamic_range.py,
+# p50 at batch 1, dynamic-range over full int8, two runs: ResNet50 224 (7.8 GFLOP) 1.48x and
+# 1.63x, MobileNetV2 224 (0.62) 2.84x and 3.14x, a MobileNetV2-style 64x64 classifier (0.015)
+# 2.44x and 1.82x; faster on the digits CNN (0.011) 0.70x both times and a small transformer
+# 0.28x and 0.41x. Below this the conversion takes a second.
+LARGE_FLOPS = 100e6
+_CONVOLUTIONS = ("Conv2D", "DepthwiseConv2dNative", "Conv3D", "Conv1D")
+_BATCHED_PRODUCTS = ("BatchMatMulV2", "BatchMatMulV3", "BatchMatMul", "Einsum")
+
+
 class LiteRTDynamicInt8(LiteRTInt8):
     """LiteRT on the model converted with dynamic-range int8: int8 weights, float32
     activations (the kernels quantize them per call); no calibration needed."""
@@ -583,6 +594,25 @@ class LiteRTDynamicInt8(LiteRTInt8):
     def __init__(self, threads: int | None = None, keep: tuple[str, ...] = ()):
         super().__init__(threads, keep)
         self.precision_note = "dynamic-range int8 (int8 weights, float32 activations)"
+
+    def not_worth_trying(self, run: RunFacts) -> str | None:
+        """Not tried beside full int8 on a convolutional model without attention of at least
+        LARGE_FLOPS a call: its convolutions quantize their float32 inputs at every call,
+        slower than full int8 on every such model measured, and its conversion takes seconds
+        there (ResNet50 224: 8 s of an optimize() of 93)."""
+        if LiteRTInt8.name not in run.candidates or not run.calibrated or run.flops is None:
+            return None
+        ops = run.op_types
+        convolutional = any(ops.get(op) for op in _CONVOLUTIONS)
+        attention = ops.get("Softmax") and any(ops.get(op) for op in _BATCHED_PRODUCTS)
+        if run.flops < LARGE_FLOPS or not convolutional or attention:
+            return None
+        return (
+            f"a convolutional model of {run.flops / 1e9:.2g} GFLOP a call: dynamic-range int8 "
+            f"quantizes each convolution's float32 input at every call, slower than full int8 "
+            f"({LiteRTInt8.name}, tried here) on every such model measured (ResNet50 224 "
+            f"1.5-1.6x, MobileNetV2 224 2.8-3.1x: benchmarks/litert_dynamic_range.py)"
+        )
 
 
 def _note_rewrites(target: Target, converted: Converted) -> None:

@@ -29,7 +29,7 @@ from ..export.openvino_int8 import (
 from ..export.registry import export_onnx, shared
 from ..inputs import InputSignature
 from ..outputs import OutputSignature
-from .base import Backend, Target
+from .base import Backend, RunFacts, Target
 from .triton_plan import TritonPlan, copy_onnx, model_names, onnx_tensors
 
 __all__ = ["OpenVinoCpu", "OpenVinoCpuBf16", "OpenVinoCpuInt8"]
@@ -229,11 +229,8 @@ class OpenVinoCpuBf16(OpenVinoCpu):
     rehearse_in_child = True
     triton_serves = True
 
-    def not_worth_trying(self) -> str | None:
-        missing = _no_bf16_units()
-        if missing:
-            return missing
-        return None
+    def not_worth_trying(self, run: RunFacts) -> str | None:
+        return _no_bf16_units()
 
 
 def _no_bf16_units() -> str | None:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ..backends import Backend
+from ..backends.base import RunFacts
 from ..report import CandidateResult
 
 if TYPE_CHECKING:  # the values it carries; the modules that use them import them
@@ -70,6 +71,7 @@ class Preparation:
     budget: Budget
     probe: Probe | None = None
     record: MachineRecord | None = None
+    facts: RunFacts = field(default_factory=RunFacts)  # what not_worth_trying weighs
     contenders: dict[str, Backend] = field(default_factory=dict)  # verified, by name
     call_estimates: dict[str, float] = field(default_factory=dict)  # s per call, sample batch
     estimates: dict[str, float] = field(default_factory=dict)  # planned seconds, by name

@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 
 from ..backends import Backend
-from ..backends.base import NotApplicable
+from ..backends.base import NotApplicable, RunFacts
 from ..errors import one_line
 from ..export.registry import stage_name
 from ..report import CandidateResult
@@ -88,6 +88,13 @@ def prepare_all(candidates: list[Backend], run: Preparation) -> Prepared:
         for b in candidates
     ]
     reference, others = states[0], states[1:]
+    probe = run.probe
+    run.facts = RunFacts(
+        frozenset(s.name for s in others),
+        target.calibration is not None,
+        probe.flops if probe is not None else None,
+        probe.op_types if probe is not None else {},
+    )
     # The model itself runs as the caller runs it, in this thread, with no deadline.
     admitted = _admitted(reference, run, is_reference=True)
     if admitted and _in_process(reference, run, Isolation("off", None)):
@@ -186,7 +193,7 @@ def _admitted(state: Candidate, run: Preparation, is_reference: bool = False) ->
             f"inputs, as the model takes them) to calibrate its activations"
         )
         return False
-    why = backend.not_worth_trying()
+    why = backend.not_worth_trying(run.facts)
     if why is not None:
         result.status, result.reason = "skipped", why
         return False
