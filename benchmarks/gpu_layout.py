@@ -12,6 +12,14 @@ On a GPU host with onnxruntime-gpu (no TensorFlow needed), for the model of a pa
 
 The input is taken as (batch, 224, 224, 3) float32 (the MobileNetV2 224 package's); it prints
 one line per setting (docs/gpu.md, "The fifth and sixth passes").
+
+`--together SETTING,SETTING,...` times the named settings in one process instead, their calls
+interleaved (rounds in a rotating order, a block of calls per setting each round), at batch 1
+and 32: p50 over every round, the spread of the rounds' medians, and each one's ratio to the
+first setting (docs/gpu.md, "The seventh pass"):
+
+    python3 benchmarks/gpu_layout.py model.onnx \\
+        --together "fp16,fp16 heuristic search,fp32,fp32 heuristic search"
 """
 
 from __future__ import annotations
@@ -31,13 +39,14 @@ SETTINGS = {
     "fp16": ("fp16", {}),
     "fp16 nhwc": ("fp16", {"prefer_nhwc": "1"}),
     "fp16 heuristic search": ("fp16", {"cudnn_conv_algo_search": "HEURISTIC"}),
+    "fp32 heuristic search": ("fp32", {"cudnn_conv_algo_search": "HEURISTIC"}),
     "fp16 default algorithm": ("fp16", {"cudnn_conv_algo_search": "DEFAULT"}),
     "fp16 small workspace": ("fp16", {"cudnn_conv_use_max_workspace": "0"}),
 }
 
 
-def one(model_path: str, setting: str) -> dict:
-    """p50 ms at batch 1 and 32 of one session setting."""
+def session_for(model_path: str, setting: str):
+    """The CUDA session of one setting."""
     import onnx
     import onnxruntime as ort
     from onnxruntime.transformers.float16 import convert_float_to_float16
@@ -50,28 +59,70 @@ def one(model_path: str, setting: str) -> dict:
     options = {"use_tf32": "0", **extra}
     session_options = ort.SessionOptions()
     session_options.log_severity_level = 3
-    session = ort.InferenceSession(
+    return ort.InferenceSession(
         model.SerializeToString(), session_options, providers=[("CUDAExecutionProvider", options)]
     )
+
+
+def timed_calls(session, x: np.ndarray, calls: int) -> list[float]:
+    """Seconds of each of `calls` calls through IO binding, outputs copied to the host."""
     name, output = session.get_inputs()[0].name, session.get_outputs()[0].name
+    binding = session.io_binding()
+    times = []
+    for _ in range(calls):
+        start = time.perf_counter()
+        binding.bind_cpu_input(name, x)
+        binding.bind_output(output, "cuda")
+        session.run_with_iobinding(binding)
+        binding.copy_outputs_to_cpu()
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def one(model_path: str, setting: str) -> dict:
+    """p50 ms at batch 1 and 32 of one session setting."""
+    session = session_for(model_path, setting)
     result: dict = {"providers": session.get_providers()}
     for batch in (1, 32):
         x = np.random.default_rng(0).random((batch, 224, 224, 3), dtype=np.float32)
-        binding = session.io_binding()
-        times = []
-        for _ in range(CALLS):
-            start = time.perf_counter()
-            binding.bind_cpu_input(name, x)
-            binding.bind_output(output, "cuda")
-            session.run_with_iobinding(binding)
-            binding.copy_outputs_to_cpu()
-            times.append(time.perf_counter() - start)
+        times = timed_calls(session, x, CALLS)
         result[f"p50_ms_b{batch}"] = round(1000 * float(np.median(times[WARMUP:])), 3)
     return result
 
 
+def together(model_path: str, settings: list[str], rounds: int = 10) -> None:
+    """The settings timed interleaved in this process, at batch 1 and 32."""
+    sessions = {setting: session_for(model_path, setting) for setting in settings}
+    for setting, session in sessions.items():
+        print(f"{setting}: {session.get_providers()[0]}", flush=True)
+    for batch, block in ((1, 20), (32, 5)):
+        x = np.random.default_rng(0).random((batch, 224, 224, 3), dtype=np.float32)
+        for session in sessions.values():
+            timed_calls(session, x, WARMUP)  # the algorithm search runs at a new shape
+        times: dict[str, list[float]] = {s: [] for s in settings}
+        medians: dict[str, list[float]] = {s: [] for s in settings}
+        for round_ in range(rounds):
+            shift = round_ % len(settings)
+            for setting in settings[shift:] + settings[:shift]:
+                block_times = timed_calls(sessions[setting], x, block)
+                times[setting] += block_times
+                medians[setting].append(1000 * float(np.median(block_times)))
+        first = float(np.median(times[settings[0]]))
+        for setting in settings:
+            p50 = float(np.median(times[setting]))
+            print(
+                f"batch {batch} {setting}: p50 {1000 * p50:.3f} ms (rounds' medians "
+                f"{min(medians[setting]):.3f}-{max(medians[setting]):.3f}), "
+                f"{p50 / first:.2f}x {settings[0]}",
+                flush=True,
+            )
+
+
 def main() -> None:
     model_path = sys.argv[1]
+    if len(sys.argv) > 3 and sys.argv[2] == "--together":
+        together(model_path, sys.argv[3].split(","))
+        return
     if len(sys.argv) > 2:  # the child: one setting
         print("RESULT", json.dumps(one(model_path, sys.argv[2])))
         return

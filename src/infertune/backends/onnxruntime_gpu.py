@@ -11,7 +11,8 @@ host explicitly, and that copy is the synchronization point every timed call end
   through a plain CUDA session. A model ONNX Runtime cannot capture (nodes on the CPU) fails.
 - `onnxruntime-cuda-fp16` (and `:graph`): the same on the export in float16 (weights and
   arithmetic; inputs and outputs float32, export/onnx_fp16.py), where the GPU's tensor cores
-  run it: reduced precision, judged by the gate (pipeline/gate.py) like bf16 and int8.
+  run it, cuDNN's convolution algorithms chosen by its heuristics: reduced precision, judged
+  by the gate (pipeline/gate.py) like bf16 and int8.
 - `onnxruntime-tensorrt`, `onnxruntime-tensorrt-fp16`: the TensorRT execution provider (the
   CUDA one behind it for the nodes TensorRT does not take), an explicit optimization profile
   (gpu.profile_shapes), engines and timing caches on disk, fp16 as a reduced-precision
@@ -215,6 +216,15 @@ class OnnxRuntimeCudaFp16(OnnxRuntimeCuda):
 
     def model_export(self, target: Target) -> OnnxExport:
         return shared(target, "onnx-fp16")
+
+    def provider_options(self, target: Target, model_bytes: bytes) -> list:
+        """cuDNN's heuristic choice of convolution algorithms instead of the provider's
+        exhaustive search, which picks slower float16 ones: MobileNetV2 224 at batch 32 on an
+        H100, 5.35-5.96 ms against 6.32-7.05 (0.84-0.85x in three interleaved passes), at
+        batch 1 the same; float32 gains nothing from it (benchmarks/gpu_layout.py
+        --together, docs/gpu.md "The seventh pass")."""
+        (name, options), *rest = super().provider_options(target, model_bytes)
+        return [(name, {**options, "cudnn_conv_algo_search": "HEURISTIC"}), *rest]
 
     @classmethod
     def _preload(cls, target: Target, exported: OnnxExport) -> None:
