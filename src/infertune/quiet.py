@@ -17,9 +17,18 @@ import re
 import sys
 import tempfile
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import TypeVar
 
-__all__ = ["import_tensorflow", "quiet_tensorflow_logs", "stderr_without", "stdout_silenced"]
+__all__ = [
+    "import_tensorflow",
+    "quiet_tensorflow_logs",
+    "stderr_without",
+    "stdout_silenced",
+    "without_xnnpack_banner",
+]
+
+_T = TypeVar("_T")
 
 # One redirection of the process's stdout or stderr at a time: each saves what it finds and
 # puts it back at the end, so two in threads at once would each put back the other's (a
@@ -37,8 +46,12 @@ _TF_START = re.compile(
 _quieted = False  # whether quiet_tensorflow_logs() set TF_CPP_MIN_LOG_LEVEL (not the user)
 
 
-# LiteRT's line on stderr when an interpreter first applies XNNPACK in a process.
-XNNPACK_BANNER = re.compile(rb"^INFO: Created TensorFlow Lite XNNPACK delegate for CPU\.\n", re.M)
+# LiteRT's line on stderr when an interpreter first applies XNNPACK in a process; no setting
+# turns it off. Filtered from the first such interpreter of the process, whoever makes it (a
+# LiteRT candidate's session, the TFLite range pass).
+_XNNPACK_BANNER = re.compile(rb"^INFO: Created TensorFlow Lite XNNPACK delegate for CPU\.\n", re.M)
+_banner_lock = threading.Lock()
+_banner_said = False
 
 
 def quiet_tensorflow_logs() -> None:
@@ -88,3 +101,18 @@ def stdout_silenced() -> Iterator[None]:
     progress, NNCF's progress bar): one redirection at a time in the process."""
     with _OUTPUT_LOCK, contextlib.redirect_stdout(io.StringIO()):
         yield
+
+
+def without_xnnpack_banner(open_interpreter: Callable[[], _T]) -> _T:
+    """open_interpreter() (an interpreter made and allocated: XNNPACK is applied then), the
+    process's first with stderr filtered of LiteRT's banner; later ones as they are."""
+    global _banner_said
+    if _banner_said:
+        return open_interpreter()
+    with _banner_lock:
+        if _banner_said:
+            return open_interpreter()
+        with stderr_without(_XNNPACK_BANNER):
+            made = open_interpreter()
+        _banner_said = True
+        return made

@@ -19,7 +19,6 @@ match fails prepare() instead of guessing an order.
 from __future__ import annotations
 
 import importlib.util
-import threading
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
@@ -30,7 +29,7 @@ import numpy as np
 from ..environment import install_hint, usable_cores
 from ..export.registry import shared
 from ..export.tflite import Converted, convert_int8, converter_error, input_order, tensor_name
-from ..quiet import XNNPACK_BANNER, stderr_without
+from ..quiet import without_xnnpack_banner
 from .base import Backend, RunFacts, Target
 
 __all__ = ["LiteRT", "LiteRTDynamicInt8", "LiteRTInt8", "litert_variants"]
@@ -307,27 +306,6 @@ class LiteRT(Backend):
         return backend
 
 
-# LiteRT writes its banner (quiet.XNNPACK_BANNER) on stderr when it first applies XNNPACK in
-# a process; no setting turns it off, and it says nothing about the user's model.
-_banner_lock = threading.Lock()
-_banner_said = False
-
-
-def _without_banner(open_session: Callable[[], Any]) -> Any:
-    """open_session() (an interpreter made and allocated: XNNPACK is applied then), the
-    process's first with stderr filtered of LiteRT's banner."""
-    global _banner_said
-    if _banner_said:
-        return open_session()
-    with _banner_lock:
-        if _banner_said:
-            return open_session()
-        with stderr_without(XNNPACK_BANNER):
-            session = open_session()
-        _banner_said = True
-        return session
-
-
 class _Interpreters:
     """The interpreters of one converted model: the idle ones, and the tensor indices (the
     model's, the same in each).
@@ -371,7 +349,7 @@ class _Interpreters:
     def _session(self) -> _Session:
         if self._open is None:
             raise RuntimeError("this LiteRT backend is closed")
-        session = _without_banner(lambda: _Session(self._open()))
+        session = without_xnnpack_banner(lambda: _Session(self._open()))
         if self._shapes is not None:
             session.shapes, session.shape0 = list(self._shapes), self._shapes[0]
         return session

@@ -247,7 +247,7 @@ def _ranged(flatbuffer: bytes, samples: Callable[[], Iterator[list[np.ndarray]]]
     from tensorflow.lite.tools import flatbuffer_utils
 
     from ..environment import usable_cores
-    from ..quiet import XNNPACK_BANNER, stderr_without
+    from ..quiet import without_xnnpack_banner
 
     model = flatbuffer_utils.read_model_from_bytearray(bytearray(flatbuffer))
     if len(model.subgraphs) != 1:
@@ -272,12 +272,14 @@ def _ranged(flatbuffer: bytes, samples: Callable[[], Iterator[list[np.ndarray]]]
     graph.outputs = np.array(
         outputs + [i for i in ranged if i not in outputs and i not in inputs], dtype=np.int32
     )
-    with stderr_without(XNNPACK_BANNER):
-        interpreter = Interpreter(
-            model_content=bytes(flatbuffer_utils.convert_object_to_bytearray(model)),
-            num_threads=usable_cores(),
-        )
-        interpreter.allocate_tensors()
+    content = bytes(flatbuffer_utils.convert_object_to_bytearray(model))
+
+    def allocated() -> Any:
+        made = Interpreter(model_content=content, num_threads=usable_cores())
+        made.allocate_tensors()
+        return made
+
+    interpreter = without_xnnpack_banner(allocated)
     try:  # the samples' arrays in_0, in_1, ... by name, as LiteRT's candidates feed them
         feeds = input_order(interpreter.get_input_details(), len(inputs))
     except RuntimeError:  # not infertune's names: the calibrator's order, by position
