@@ -14,7 +14,9 @@ interleaved over the rounds:
 Settings: `spin` (ONNX Runtime's default session), `nospin` (allow_spinning=0: what
 infertune picks where such a candidate is verified), `one` (one thread, no spinning), `apart`
 (one after the other, nospin), `openvino` (OpenVINO in float32 with the LATENCY hint, as the
-`openvino-cpu` candidate compiles it).
+`openvino-cpu` candidate compiles it), `shared` (nospin, and once NNCF is done its thread
+takes the batches the predictions' thread has not started: whether the thread that waits for
+the predictions in optimize() should help make them).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ import threading
 import time
 from pathlib import Path
 
-SETTINGS = ("spin", "nospin", "one", "apart", "openvino")
+SETTINGS = ("spin", "nospin", "one", "apart", "openvino", "shared")
 GATE, CALIBRATION, BATCH = 435, 128, 32
 
 
@@ -99,6 +101,19 @@ def pair(path: Path, setting: str) -> dict:
     start = time.perf_counter()
     if setting == "apart":
         nncf_s, predictions_s = quantize(), predict()
+    elif setting == "shared":
+        taken = iter(range(0, GATE, BATCH))  # next() on it is atomic under the GIL
+
+        def work() -> None:
+            for i in taken:
+                call(gate[i : i + BATCH])
+
+        thread = threading.Thread(target=work)
+        thread.start()
+        nncf_s = quantize()
+        work()  # the batches not yet started
+        thread.join()
+        predictions_s = time.perf_counter() - start
     else:
         made: dict[str, float] = {}
         thread = threading.Thread(target=lambda: made.setdefault("s", predict()))

@@ -57,7 +57,7 @@ from .isolation import (
 from .memory import fits_memory, memory_budget
 from .offload import offload
 from .planning import order_candidates
-from .precision import SEARCH_FASTER, rivals, search, time_together
+from .precision import SEARCH_FASTER, rivals, search, serves_several, time_together
 from .tournament import keep, memory_tight, skip_variant, wait_for_rehearsals
 from .verifying import Mismatch, checks_for, first_call_and_verify, judge_candidate
 
@@ -580,8 +580,7 @@ def _not_judged(state: Candidate, run: Preparation) -> str | None:
     sample than a candidate verified (a float32 one, or a reduced one that passed) cannot be
     chosen. Always judged where the run serves several batch sizes or callers (the choice is
     made at each: a candidate slower here may win there)."""
-    several = run.precision is not None and run.precision.batch_sizes
-    if several or run.options.concurrency > 1:
+    if serves_several(run):
         return None
     mine, best = run.sample_p50.get(state.name), _fastest_verified(run)
     if mine is None or best is None or mine < best[1]:
