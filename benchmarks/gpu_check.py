@@ -125,10 +125,7 @@ def trained_package(
 
     import infertune
 
-    spec = precision.MODELS[name]
-    data = precision.Data(spec.task(False), spec.inputs(False))
-    cache = precision.DEFAULT_CACHE.expanduser()
-    model, _ = precision.trained_model(name, data, False, cache)
+    model, data = precision.cached_model(name)
     gate = (data.x("gate")[:gate_samples], data.y("gate")[:gate_samples])
     options = {
         "precision": precision_allowed,

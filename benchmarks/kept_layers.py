@@ -3,13 +3,13 @@ with the first 1, 2, ... layers of infertune's ranking kept in float32, timed in
 
 A quantized candidate that fails the gate is searched (pipeline/precision.py) only where,
 quantized throughout, it is at most SEARCH_FASTER times as slow as the fastest candidate
-verified; each layer kept in float32 slows it, so a candidate only a little faster throughout
-cannot stay faster once it keeps any. This measures how much the first layers cost. Per
-model of the precision benchmark (trained, from its cache: run benchmarks/precision.py once
-first), the layers are ranked as the search ranks them (export/onnx_int8.py `layer_errors` on
-32 calibration samples), each candidate is prepared as optimize() prepares it (the same
-backends, calibrated on the benchmark's 128 calibration samples) throughout and with the
-first `--kept` layers kept, and every variant is timed interleaved at batch 1 on the sample
+verified; each layer kept in float32 slows it, and by how much decides whether a candidate a
+little faster throughout can stay faster once it keeps some. Per model of the precision
+benchmark (trained, from its cache: run benchmarks/precision.py once first), the layers are
+ranked as the search ranks them (pipeline/precision.py `ranking_inputs`, export/onnx_int8.py
+`layer_errors`), each candidate is prepared as optimize() prepares it (the same backends,
+calibrated on the benchmark's 128 calibration samples) throughout and with the first
+`--kept` layers kept, and every variant is timed interleaved at batch 1 on the sample
 (infertune.measure.measure_interleaved; `--rounds` repetitions). Reported: each variant's
 p50 and its ratio to the same candidate throughout.
 
@@ -31,29 +31,19 @@ from tflite_ranges import target_of  # noqa: E402
 CANDIDATES = ("openvino-cpu-int8", "litert-int8", "onnxruntime-cpu-int8-static")
 
 
-def ranking(target) -> list[str]:
-    """The layers in the order the search keeps them (precision.py `_ranked`)."""
-    from infertune.export.onnx_int8 import layer_errors
-    from infertune.export.registry import export_onnx, static_int8
-
-    exported = export_onnx(target)
-    feeds = target.calibration_feeds(exported.input_names, 32)
-    errors = layer_errors(exported, static_int8(target), feeds)
-    return sorted(errors, key=lambda scope: -errors[scope])
-
-
 def one_model(name: str, kept: int, rounds: int, budget: float, cache: Path) -> None:
     from infertune.backends import BACKENDS
+    from infertune.export.onnx_int8 import layer_errors
     from infertune.measure import measure_interleaved
+    from infertune.pipeline.precision import ranking_inputs
 
-    spec = precision.MODELS[name]
-    data = precision.Data(spec.task(False), spec.inputs(False))
-    model, _ = precision.trained_model(name, data, False, cache)
+    model, data = precision.cached_model(name, cache)
     calibration = data.x("calibration")
     sample = [calibration[:1]]
     target = target_of(model, calibration[:1])
     target.calibration = [[calibration]]
-    layers = ranking(target)[:kept]
+    errors = layer_errors(*ranking_inputs(target))  # as the search ranks them
+    layers = sorted(errors, key=lambda scope: -errors[scope])[:kept]
     print(f"{name}: the first {kept} layers ranked: {', '.join(layers)}")
     prepared = {}
     for candidate in CANDIDATES:

@@ -52,9 +52,7 @@ def model_and_inputs(name: str, cache: Path):
         model = make(weights=None, input_shape=(224, 224, 3))
         rng = np.random.default_rng(0)
         return model, rng.random((32, 224, 224, 3), dtype=np.float32)
-    spec = precision.MODELS[name]
-    data = precision.Data(spec.task(False), spec.inputs(False))
-    model, _ = precision.trained_model(name, data, False, cache)
+    model, data = precision.cached_model(name, cache)
     return model, data.x("calibration")[:32]
 
 

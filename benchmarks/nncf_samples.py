@@ -28,10 +28,9 @@ from tflite_ranges import target_of  # noqa: E402
 
 
 def accuracy(compiled, data, split: str) -> float:
-    xs, ys = data.x(split), data.y(split)
-    chunk = precision.CHUNK
+    xs, chunk = data.x(split), precision.CHUNK
     outputs = [compiled(xs[i : i + chunk])[0] for i in range(0, len(xs), chunk)]
-    return float((np.concatenate(outputs).argmax(-1) == ys).mean())
+    return precision.accuracy_of(np.concatenate(outputs), data.y(split))
 
 
 def one_model(name: str, counts: list[int], rounds: int, cache: Path) -> None:
@@ -41,9 +40,7 @@ def one_model(name: str, counts: list[int], rounds: int, cache: Path) -> None:
     from infertune.export import openvino_int8
     from infertune.export.onnx import convert_to_onnx
 
-    spec = precision.MODELS[name]
-    data = precision.Data(spec.task(False), spec.inputs(False))
-    model, _ = precision.trained_model(name, data, False, cache)
+    model, data = precision.cached_model(name, cache)
     calibration = data.x("calibration")
     exported = convert_to_onnx(target_of(model, calibration[:1]))
     core = openvino.Core()

@@ -542,6 +542,16 @@ def trained_model(name: str, data: Data, quick: bool, cache: Path) -> tuple[Any,
     return model, {"cached": False, "path": str(path), "train_s": seconds}
 
 
+def cached_model(name: str, cache: Path = DEFAULT_CACHE) -> tuple[Any, Data]:
+    """The full-size model `name` (trained and stored in `cache` first where it is not there)
+    and its task's splits: what the benchmarks that measure one part of the pipeline on these
+    models start from."""
+    spec = MODELS[name]
+    data = Data(spec.task(False), spec.inputs(False))
+    model, _ = trained_model(name, data, False, cache.expanduser())
+    return model, data
+
+
 # -- by hand -----------------------------------------------------------------------------------
 def first_output(outputs) -> np.ndarray:
     return np.asarray(outputs[0] if isinstance(outputs, list | tuple) else outputs)

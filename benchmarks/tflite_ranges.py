@@ -73,9 +73,7 @@ def one_model(name: str, rounds: int, cache: Path) -> None:
     from infertune.datasets import calibration_batches
     from infertune.export import tflite
 
-    spec = precision.MODELS[name]
-    data = precision.Data(spec.task(False), spec.inputs(False))
-    model, _ = precision.trained_model(name, data, False, cache)
+    model, data = precision.cached_model(name, cache)
     sample = data.x("test")[:1]
     model(sample)
     target = target_of(model, sample)

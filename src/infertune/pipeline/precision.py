@@ -39,15 +39,20 @@ from .context import Candidate
 from .verifying import Mismatch, first_call_and_verify, judge_candidate
 
 if TYPE_CHECKING:
+    import numpy as np
+
+    from ..target import Target
     from .context import Preparation
     from .isolation import Isolation
 
 __all__ = [
-    "MAX_KEPT", "SEARCH_FASTER", "race", "rivals", "search", "serves_several", "time_together",
+    "MAX_KEPT", "SEARCH_FASTER", "race", "ranking_inputs", "rivals", "search", "serves_several",
+    "time_together",
 ]  # fmt: skip
 
 MAX_KEPT = 6  # layers kept in float32 at most, one more each step
 DIVERGES = 0.05  # relative error a layer adds that counts as diverging from float32
+RANKING_SAMPLES = 32  # calibration samples the layers are ranked on
 TIMING_S = 1.0  # the interleaved timing of a variant against the fastest verified candidates
 RIVALS_WITHIN = 3.0  # verified candidates timed against it: calls within 3x the fastest's
 # A candidate that failed the gate is searched only where, quantized throughout, its p50 is
@@ -226,22 +231,24 @@ def _layer_errors(run: Preparation) -> dict[str, float]:
     """The error each quantized layer (name scope) adds, in the graph's order: ranked once
     per run, for the first search (the searches run one after another)."""
     if run.layer_errors is None:
-        run.layer_errors = _ranked(run)
+        inputs = ranking_inputs(run.target)
+        try:
+            run.layer_errors = layer_errors(*inputs)
+        except Exception as exc:  # no ranking: no layer is kept (said in the reason)
+            run.progress.say(f"its layers could not be ranked: {one_line(exc)}")
+            run.layer_errors = {}
     return run.layer_errors
 
 
-def _ranked(run: Preparation) -> dict[str, float]:
-    exported = export_onnx(run.target)
+def ranking_inputs(target: Target) -> tuple[Any, Any, list[dict[str, np.ndarray]]]:
+    """What the layers are ranked on (export/onnx_int8.py `layer_errors`): the float32 export,
+    its static int8 form, and the first RANKING_SAMPLES calibration samples."""
+    exported = export_onnx(target)
     try:
-        quantized = shared(run.target, "onnx-int8-static")
+        quantized = shared(target, "onnx-int8-static")
     except Exception:  # its own quantization failed: one made here for the ranking
-        quantized = static_int8(run.target)
-    feeds = run.target.calibration_feeds(exported.input_names, limit=32)
-    try:
-        return layer_errors(exported, quantized, feeds)
-    except Exception as exc:  # no ranking: no layer is kept (said in the reason)
-        run.progress.say(f"its layers could not be ranked: {one_line(exc)}")
-        return {}
+        quantized = static_int8(target)
+    return exported, quantized, target.calibration_feeds(exported.input_names, RANKING_SAMPLES)
 
 
 def rivals(run: Preparation) -> list[Any]:
