@@ -54,8 +54,10 @@ def measure_runners(
     budget_s: float,
     cooldown_s: dict[str, float],
     min_rounds: int = 8,
+    race: bool = True,
 ) -> MeasureResult:
-    """Warm every runner up, then time them all in interleaved rounds (infertune's engine)."""
+    """Warm every runner up, then time them all in interleaved rounds (infertune's engine);
+    `race` False: none leaves the rounds for being far behind (measure_interleaved)."""
     estimates = {label: warm_up(fn, min_calls=2) for label, fn in runners.items()}
     return measure_interleaved(
         runners,
@@ -63,6 +65,7 @@ def measure_runners(
         per_call_estimate_s=estimates,
         cooldown_s=cooldown_s,
         min_rounds=min_rounds,
+        race=race,
     )
 
 

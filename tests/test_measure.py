@@ -67,6 +67,17 @@ def test_a_candidate_far_behind_another_in_every_round_leaves_the_rounds():
     assert fast.n > slow.n  # a block holds more calls of the faster runner
 
 
+def test_without_the_race_a_runner_far_behind_stays_to_the_end():
+    # A benchmark's ratio against a runtime far behind (float32 against int8) rests on the
+    # p50 of that runtime: with race=False it is timed in every round, not two calls.
+    runners = {"slow": _busy(0.005), "fast": _busy(0.0005)}
+    result = measure_interleaved(runners, budget_s=0.3, block_s=0.005, race=False)
+    slow, fast = result.stats["slow"], result.stats["fast"]
+    assert slow.left_after is None and fast.left_after is None
+    assert slow.rounds == fast.rounds > 2
+    assert slow.p50 >= 5.0  # ms: its busy-wait
+
+
 def test_failing_runner_is_reported_and_dropped():
     calls = {"n": 0}
 

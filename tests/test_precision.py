@@ -332,12 +332,19 @@ def test_static_int8_keeping_layers_reads_the_first_calibrations_ranges(
 
 @pytest.mark.slow
 @needs_onnxruntime
-def test_a_reduced_candidate_slower_than_one_verified_is_not_judged(broken_by_one_layer, digits):
+@pytest.mark.parametrize("memory_tight", [False, True], ids=["all-held", "memory-tight"])
+def test_a_reduced_candidate_slower_than_one_verified_is_not_judged(
+    broken_by_one_layer, digits, monkeypatch, memory_tight
+):
     """On this MLP ONNX Runtime in float32 takes about 10 us a call, its QDQ int8 form several
     times that: serving one batch size, the int8 one cannot be chosen and is not judged
     (gates took 41 of 135 s on ResNet50); serving two, it is judged (a candidate slower at
     one batch size may win at another), fails (its huge-range layer), and its search, which
-    only slows it, is not made."""
+    only slows it, is not made. The same where memory is tight, where each candidate is
+    judged and searched as it comes, never timed with the others before: its gate, and its
+    search, begin by timing it against them."""
+    if memory_tight:
+        monkeypatch.setenv("INFERTUNE_HOLD_ALL_BYTES", "1")  # for any model
     x, y = digits["validation"]
     options = dict(
         backends=["onnxruntime-cpu", "onnxruntime-cpu-int8-static"], precision=INT8,
@@ -355,7 +362,10 @@ def test_a_reduced_candidate_slower_than_one_verified_is_not_judged(broken_by_on
     assert static.status == "mismatch", (static.reason, static.kept_fp32, static.quantization)
     assert static.metric_drop_bound > 0.002  # judged, and failed
     assert "not searched further: onnxruntime-cpu is verified" in static.reason, static.reason
+    assert "percentile" not in static.reason  # no other calibration method tried
     assert not static.kept_fp32
+    if memory_tight:  # the search's own timing stopped it
+        assert "quantized throughout, timed together" in static.reason, static.reason
 
 
 @needs_openvino

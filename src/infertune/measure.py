@@ -17,7 +17,8 @@ total (`LatencyStats.calls_per_s`).
 A candidate slower than another by far in every round so far (3x over two rounds, or
 `RACE_RATIO` over three or more) leaves the rounds (`LatencyStats.left_after`): it cannot be
 chosen, and ResNet50's eager call (300 ms against ONNX Runtime's 17) took half of every
-round's time from the candidates that can.
+round's time from the candidates that can. `race=False` keeps every one in the rounds: a
+benchmark's ratio against a runtime far behind (float32 against int8) rests on its p50.
 """
 
 from __future__ import annotations
@@ -177,24 +178,26 @@ def measure_interleaved(
     cooldown_s: dict[str, float] | None = None,
     on_round: Callable[[int, float], None] | None = None,
     callers: int = 1,
+    race: bool = True,
 ) -> MeasureResult:
     """Time every runner in interleaved rounds until all are stable or the budget is spent.
 
     `per_call_estimate_s` (from warm-up) sets how many calls make one block; the first
     block of a runner whose estimate is missing is a single call. `cooldown_s` is how long
     to wait after a runner's block (its threads spinning on the cores) before the next one.
-    `callers`: threads that run each block at once (see the module's docstring).
+    `callers`: threads that run each block at once (see the module's docstring). `race`: a
+    runner far behind another leaves the rounds (False: every one stays to the end).
     """
     with _Callers(callers) as pool:
         return _measure(
             runners, pool, budget_s, block_s, min_rounds, max_rounds, stable_rel,
-            per_call_estimate_s, cooldown_s, on_round,
+            per_call_estimate_s, cooldown_s, on_round, race,
         )  # fmt: skip
 
 
 def _measure(
     runners, pool, budget_s, block_s, min_rounds, max_rounds, stable_rel, per_call_estimate_s,
-    cooldown_s, on_round,
+    cooldown_s, on_round, race,
 ) -> MeasureResult:  # fmt: skip
     cooldown = cooldown_s or {}
     start = time.perf_counter()
@@ -227,7 +230,7 @@ def _measure(
             estimate[name] = medians[name][-1]
         rounds += 1
         order = [name for name in order if name not in errors]
-        for name in _far_behind(order, medians, means):
+        for name in _far_behind(order, medians, means) if race else ():
             left[name] = rounds
         order = [name for name in order if name not in left]
         elapsed = time.perf_counter() - start

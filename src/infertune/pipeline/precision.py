@@ -1,25 +1,27 @@
 """Where a quantized candidate fails the gate: find a quantization of it that passes and is
 still faster, or say why there is none.
 
-First the other calibration methods the candidate has (`Backend.calibration_methods`:
-percentile, entropy after min-max), each quantized anew and judged. Then, for a candidate that
-can leave layers in float32 (`Backend.keeps_layers`), the layers are ranked by the error each
-adds (export/onnx_int8.py `layer_errors`: the float32 export and its static int8 form run side
-by side on the calibration inputs, each quantized layer's output compared, less what its
-inputs already carried), and the worst are kept in float32 one at a time: after each, the
-candidate is quantized again, verified, timed against the fastest candidates verified so far
-(`rivals`: float32, bf16, or another quantized one that passed; interleaved, a second or so:
-`race`), and judged. The search stops when one passes (the report names the layers kept and
-what each cost); when keeping one more leaves it no faster than the fastest of them (the step's
-gate is then not run, 3 s on ResNet50 224, unless the run chooses at several batch sizes or
-callers: `serves_several`); or after MAX_KEPT layers. A step that leaves the gate's verdict
-where it was is no sign that the next will too: a layer kept in float32 still has its output
-quantized where the layer after it reads it (QDQ, NNCF's ignored scope). On the tests' MLP
-with one huge-range layer, ONNX Runtime's accuracy stayed at 0.10 with that layer kept and
-came back only with the layer after it kept as well.
-preparing.py runs the searches once every gate has its verdict, the fastest first, and none
-for a candidate whose p50 quantized throughout is not at most SEARCH_FASTER times the fastest
-verified one's.
+First the candidate, quantized throughout, is timed against the fastest candidates verified so
+far (`race`): none of what follows can make it faster, so it is not searched where its p50 is
+not at most SEARCH_FASTER times theirs (`_cannot_win`). Then the other calibration methods it
+has (`Backend.calibration_methods`: percentile, entropy after min-max), each quantized anew and
+judged. Then, for a candidate that can leave layers in float32 (`Backend.keeps_layers`), the
+layers are ranked by the error each adds (export/onnx_int8.py `layer_errors`: the float32
+export and its static int8 form run side by side on the calibration inputs, each quantized
+layer's output compared, less what its inputs already carried), and the worst are kept in
+float32 one at a time: after each, the candidate is quantized again, verified, timed against
+the fastest candidates verified so far (`rivals`: float32, bf16, or another quantized one that
+passed; interleaved, a second or so: `race`), and judged. The search stops when one passes (the
+report names the layers kept and what each cost); when keeping one more leaves it no faster
+than the fastest of them (the step's gate is then not run, 3 s on ResNet50 224, unless the run
+chooses at several batch sizes or callers: `serves_several`); or after MAX_KEPT layers. A step
+that leaves the gate's verdict where it was is no sign that the next will too: a layer kept in
+float32 still has its output quantized where the layer after it reads it (QDQ, NNCF's ignored
+scope). On the tests' MLP with one huge-range layer, ONNX Runtime's accuracy stayed at 0.10
+with that layer kept and came back only with the layer after it kept as well.
+preparing.py runs the searches once every gate has its verdict (where memory is tight, each at
+once), the fastest first, and none for a candidate whose p50 quantized throughout, timed with
+the others before the gates, is not at most SEARCH_FASTER times the fastest verified one's.
 """
 
 from __future__ import annotations
@@ -67,6 +69,10 @@ def search(
     """Replace `state.backend` with a variant that passes the gate, or raise Mismatch saying
     what was tried. `stage` runs and times each step (this thread's or the background's)."""
     backend = state.backend
+    others = rivals(run)
+    why_not = _cannot_win(state, run, stage, others)
+    if why_not is not None:
+        raise Mismatch(f"{failed}; not searched further: {why_not}", failed.judgement)
     tried = [f"{_settings(backend)}: {failed.judgement.reason}"]
     best_method = backend.calibration_methods[0] if backend.calibration_methods else None
     for method in backend.calibration_methods[1:]:
@@ -83,14 +89,13 @@ def search(
     )  # fmt: skip
     ranking = sorted(errors, key=lambda scope: -errors[scope])
     tried.append(_diverging(errors))
-    others = rivals(run)
     kept: list[str] = []
     costs: list[dict] = []
     for scope in ranking[:MAX_KEPT]:
         kept.append(scope)
         variant = backend.variant(method=best_method, keep=tuple(kept))
         steps = f"{len(kept)} layer(s) kept in float32"
-        trial = _verified(state, run, isolation, stage, variant)
+        trial = _verified(state, run, isolation, stage, variant, f"{steps} ({scope} added)")
         if isinstance(trial, str):
             tried.append(f"{steps}: {trial}")
             break
@@ -121,6 +126,32 @@ def search(
         if isinstance(verdict, str):  # the gate itself failed
             break
     raise Mismatch(_summary(tried), failed.judgement)
+
+
+def _cannot_win(
+    state: Candidate, run: Preparation, stage: Callable, others: list[Any]
+) -> str | None:
+    """Why the candidate cannot win whatever its search finds, None where it may: quantized
+    throughout, timed against the fastest verified candidates (`race`), its p50 is not at most
+    SEARCH_FASTER times theirs (another calibration method leaves its speed as it is, a layer
+    kept in float32 slows it). preparing.py's `_why_not` compares the p50s the candidates
+    had when timed together before the gates; where memory is tight they were never timed
+    together (each is judged and searched as it comes), and on the BERT-sized encoder the
+    searches of ONNX Runtime's static int8 and LiteRT's int8 took 71 and 30 s of 307 there,
+    after OpenVINO's int8 passed."""
+    if not others:
+        return None
+    mine, rival, theirs = stage(
+        state, run, "timing", f"{state.name}: timing it against the fastest verified ones",
+        lambda: race(state.backend, others, run),
+    )  # fmt: skip
+    if rival is None or mine is None or mine < SEARCH_FASTER * theirs:
+        return None
+    return (
+        f"{rival.name} is verified, its p50 {theirs:.4g} ms against this one's {mine:.4g} ms "
+        f"quantized throughout, timed together (layers kept in float32 only slow it, another "
+        f"calibration leaves it as fast: searched where at most {SEARCH_FASTER:g}x)"
+    )
 
 
 def _no_faster(kept: list[str], mine: float, rival: Any, theirs: float) -> str:
@@ -154,20 +185,26 @@ def _attempt(
 
 
 def _verified(
-    state: Candidate, run: Preparation, isolation: Isolation, stage: Callable, variant: Any
+    state: Candidate,
+    run: Preparation,
+    isolation: Isolation,
+    stage: Callable,
+    variant: Any,
+    what: str | None = None,
 ) -> Candidate | str:
     """`variant` prepared and verified in the candidate's place, its gate not yet run: the
-    trial, or why not in one line (the variant then closed)."""
+    trial, or why not in one line (the variant then closed). `what`: the variant in words
+    for the progress line (its settings where None)."""
     trial = Candidate(variant, CandidateResult(variant.name, "ok", precision=variant.precision))
     trial.deadline = state.deadline
-    run.progress.say(f"{state.name}: trying {_settings(variant)}")
+    run.progress.say(f"{state.name}: trying {what or _settings(variant)}")
     try:
         stage(
             trial, run, "quantization", f"{state.name}: quantizing again",
             lambda: isolation.call(lambda: variant.prepare(run.target), state.deadline,
                                    "prepare"),
         )  # fmt: skip
-        first_call_and_verify(trial, run, isolation, stage, gate_now=False)
+        first_call_and_verify(trial, run, isolation, stage)
     except Mismatch as exc:  # its outputs' structure: no gate can pass it
         _copy_errors(state.result, trial.result)
         _close(variant)

@@ -66,12 +66,11 @@ def first_call_and_verify(
     run: Preparation,
     isolation: Isolation,
     stage: StageRunner,
-    gate_now: bool = True,
 ) -> None:
     """Time the first call, verify on every check (raises Mismatch on a mismatch); each is a
     stage run by `stage` (this thread's timeline or the background's). A reduced-precision
-    candidate is then judged by the gate (`judge_candidate`), unless `gate_now` is False: the
-    caller judges it later (its outputs on the checks are kept in `state.checked`)."""
+    candidate's outputs on the checks are kept in `state.checked`, for the gate the caller
+    runs (`judge_candidate`) once it knows the candidate can be chosen."""
     backend, result = state.backend, state.result
     name, deadline = backend.name, state.deadline
     checks = checks_for(backend, run.checks)
@@ -125,10 +124,7 @@ def first_call_and_verify(
         raise Mismatch(comparison.reason)
     if reduced:
         state.checked = checked
-        if gate_now:
-            judge_candidate(state, run, isolation, stage)
-        else:
-            run.progress.say(f"{name}: verified; its gate waits for every first verdict")
+        run.progress.say(f"{name}: verified, before its gate")
         return
     only = ""
     if len(checks) < len(run.checks):

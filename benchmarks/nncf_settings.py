@@ -1,0 +1,166 @@
+"""NNCF's settings against the gate: which of them lets OpenVINO's int8 pass with fewer layers
+kept in float32, and at what speed.
+
+On the BERT-sized encoder of the precision benchmark NNCF's int8 quantized throughout fails
+the gate (3.2 points lost by hand), and infertune's search passes it with five layers kept
+in float32, 1.3-1.4x slower than throughout. Per model (trained, from the benchmark's cache:
+run benchmarks/precision.py once first), this quantizes infertune's ONNX export with
+`nncf.quantize` under each setting below (128 calibration samples, the transformer rules where
+the graph has attention, as export/openvino_int8.py does), judges each on the gate split by
+infertune's gate (infertune.accuracy.judge_metric: max_drop=0.01, 95% paired bootstrap bound)
+and on the test split, counts the gate samples whose verdict changed, then times every one
+at batch 1, interleaved with OpenVINO in float32 (infertune.measure.measure_interleaved).
+Layers kept are infertune's ranking's first (pipeline/precision.py `ranking_inputs`).
+
+    python benchmarks/nncf_settings.py --models bert-encoder
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+import precision  # noqa: E402  (the benchmark's models, data and cache)
+from tflite_ranges import target_of  # noqa: E402
+
+SAMPLES = 128
+# label -> (SmoothQuant alpha for MatMul, or None for NNCF's default; other nncf.quantize
+# arguments; layers of the ranking kept in float32; OpenVINO's inference precision)
+SETTINGS = {
+    "throughout": (None, {}, 0, "f32"),
+    "SmoothQuant 0.8": (0.8, {}, 0, "f32"),
+    "SmoothQuant 0.5": (0.5, {}, 0, "f32"),
+    "SmoothQuant off": (-1.0, {}, 0, "f32"),
+    "full bias correction": (None, {"fast_bias_correction": False}, 0, "f32"),
+    "1 kept": (None, {}, 1, "f32"),
+    "1 kept, SmoothQuant off": (-1.0, {}, 1, "f32"),
+    "1 kept, performance preset": (None, {"preset": "performance"}, 1, "f32"),
+    "2 kept": (None, {}, 2, "f32"),
+    "5 kept": (None, {}, 5, "f32"),
+    "5 kept, the rest in bf16": (None, {}, 5, "bf16"),
+}
+
+
+def outputs(compiled, data, split: str) -> np.ndarray:
+    xs, chunk = data.x(split), precision.CHUNK
+    return np.concatenate([compiled(xs[i : i + chunk])[0] for i in range(0, len(xs), chunk)])
+
+
+def quantize(exported, feeds, alpha, extra: dict, keep: list[str], transformer: bool):
+    import nncf
+    import openvino
+    from nncf.quantization.advanced_parameters import (
+        AdvancedQuantizationParameters,
+        AdvancedSmoothQuantParameters,
+    )
+
+    from infertune.export.onnx_int8 import keep_pattern
+
+    arguments = dict(extra)
+    if "preset" in arguments:
+        arguments["preset"] = nncf.QuantizationPreset(arguments["preset"])
+    if alpha is not None:
+        smooth = AdvancedSmoothQuantParameters(matmul=alpha)
+        arguments["advanced_parameters"] = AdvancedQuantizationParameters(
+            smooth_quant_alphas=smooth
+        )
+    if keep:
+        patterns = [f".*{keep_pattern(scope)}.*" for scope in keep]
+        arguments["ignored_scope"] = nncf.IgnoredScope(patterns=patterns, validate=False)
+    if transformer:
+        arguments["model_type"] = nncf.ModelType.TRANSFORMER
+    model = openvino.Core().read_model(exported.session_model())
+    return nncf.quantize(model, nncf.Dataset(feeds), subset_size=len(feeds), **arguments)
+
+
+def one_model(name: str, budget: float, cache: Path) -> None:
+    import logging
+
+    os.environ.setdefault("NNCF_CI", "1")  # no telemetry
+    import nncf
+    import openvino
+    import openvino.properties.hint as hints
+
+    from infertune.accuracy import Accuracy, judge_metric
+    from infertune.export.onnx import convert_to_onnx
+    from infertune.export.onnx_int8 import layer_errors
+    from infertune.measure import measure_interleaved
+    from infertune.pipeline.precision import ranking_inputs
+    from infertune.quiet import stdout_silenced
+
+    nncf.set_log_level(logging.ERROR)
+    model, data = precision.cached_model(name, cache)
+    calibration = data.x("calibration")
+    target = target_of(model, calibration[:1])
+    target.calibration = [[calibration]]
+    exported = convert_to_onnx(target)
+    errors = layer_errors(*ranking_inputs(target))
+    ranking = sorted(errors, key=lambda scope: -errors[scope])
+    core = openvino.Core()
+    reference = core.compile_model(
+        core.read_model(exported.session_model()),
+        "CPU",
+        {hints.inference_precision: openvino.Type.f32},
+    )
+    ops = {op.get_type_name() for op in core.read_model(exported.session_model()).get_ops()}
+    transformer = "Softmax" in ops and "MatMul" in ops
+    gate_labels, test_labels = data.y("gate"), data.y("test")
+    reference_gate, reference_test = (
+        outputs(reference, data, "gate"),
+        outputs(reference, data, "test"),
+    )
+    right = reference_gate.argmax(-1) == gate_labels
+    rule = Accuracy((data.x("gate"), gate_labels), "accuracy", max_drop=precision.MAX_DROP)
+    test_fp32 = precision.accuracy_of(reference_test, test_labels)
+    print(f"{name}: the ranking's first layers: {', '.join(ranking[:5])}")
+    feeds = [{exported.input_names[0]: calibration[i : i + 1]} for i in range(SAMPLES)]
+    compiled = {"OpenVINO f32": reference}
+    for label, (alpha, extra, kept, inference) in SETTINGS.items():
+        start = time.perf_counter()
+        with stdout_silenced():  # NNCF's progress bars
+            quantized = quantize(exported, feeds, alpha, extra, ranking[:kept], transformer)
+        seconds = time.perf_counter() - start
+        wanted = {hints.inference_precision: getattr(openvino.Type, inference)}
+        compiled[label] = core.compile_model(quantized, "CPU", wanted)
+        gate = outputs(compiled[label], data, "gate")
+        verdict = judge_metric(rule, [gate_labels], [reference_gate], [gate])
+        changed = int(((gate.argmax(-1) == gate_labels) != right).sum())
+        test = precision.accuracy_of(outputs(compiled[label], data, "test"), test_labels)
+        print(
+            f"  {label}: quantized in {seconds:.1f} s; gate {verdict.metric:.4f} against "
+            f"{verdict.reference_metric:.4f}, drop {100 * verdict.drop:+.2f} points, bound "
+            f"{100 * verdict.drop_bound:+.2f} ({'passes' if verdict else 'fails'}), "
+            f"{changed} samples changed; test {test:.4f} against {test_fp32:.4f}",
+            flush=True,
+        )
+    sample = [data.x("gate")[:1]]
+    measured = measure_interleaved(
+        {label: (lambda c=c: c(sample)) for label, c in compiled.items()},
+        budget_s=budget,
+        min_rounds=5,
+        race=False,
+    )
+    base = measured.stats["throughout"].p50
+    for label, stats in measured.stats.items():
+        print(f"  {label}: p50 {stats.p50:.3g} ms ({stats.p50 / base:.2f}x throughout)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--models", default="bert-encoder")
+    parser.add_argument("--budget", type=float, default=20.0, help="s of interleaved timing")
+    parser.add_argument("--cache", type=Path, default=precision.DEFAULT_CACHE.expanduser())
+    args = parser.parse_args()
+    for name in args.models.split(","):
+        one_model(name, args.budget, args.cache)
+
+
+if __name__ == "__main__":
+    main()
