@@ -31,19 +31,26 @@ from tflite_ranges import target_of  # noqa: E402
 CANDIDATES = ("openvino-cpu-int8", "litert-int8", "onnxruntime-cpu-int8-static")
 
 
+def ranked_layers(target) -> list[str]:
+    """The layers (name scopes) in the order infertune's search keeps them in float32
+    (pipeline/precision.py `ranking_inputs`, export/onnx_int8.py `layer_errors`)."""
+    from infertune.export.onnx_int8 import layer_errors
+    from infertune.pipeline.precision import ranking_inputs
+
+    errors = layer_errors(*ranking_inputs(target))
+    return sorted(errors, key=lambda scope: -errors[scope])
+
+
 def one_model(name: str, kept: int, rounds: int, budget: float, cache: Path) -> None:
     from infertune.backends import BACKENDS
-    from infertune.export.onnx_int8 import layer_errors
     from infertune.measure import measure_interleaved
-    from infertune.pipeline.precision import ranking_inputs
 
     model, data = precision.cached_model(name, cache)
     calibration = data.x("calibration")
     sample = [calibration[:1]]
     target = target_of(model, calibration[:1])
     target.calibration = [[calibration]]
-    errors = layer_errors(*ranking_inputs(target))  # as the search ranks them
-    layers = sorted(errors, key=lambda scope: -errors[scope])[:kept]
+    layers = ranked_layers(target)[:kept]
     print(f"{name}: the first {kept} layers ranked: {', '.join(layers)}")
     prepared = {}
     for candidate in CANDIDATES:

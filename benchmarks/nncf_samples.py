@@ -27,10 +27,14 @@ import precision  # noqa: E402  (the benchmark's models, data and cache)
 from tflite_ranges import target_of  # noqa: E402
 
 
-def accuracy(compiled, data, split: str) -> float:
+def outputs(compiled, data, split: str) -> np.ndarray:
+    """A compiled OpenVINO model's first output on a whole split, in batches of CHUNK."""
     xs, chunk = data.x(split), precision.CHUNK
-    outputs = [compiled(xs[i : i + chunk])[0] for i in range(0, len(xs), chunk)]
-    return precision.accuracy_of(np.concatenate(outputs), data.y(split))
+    return np.concatenate([compiled(xs[i : i + chunk])[0] for i in range(0, len(xs), chunk)])
+
+
+def accuracy(compiled, data, split: str) -> float:
+    return precision.accuracy_of(outputs(compiled, data, split), data.y(split))
 
 
 def one_model(name: str, counts: list[int], rounds: int, cache: Path) -> None:

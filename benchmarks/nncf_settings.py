@@ -23,11 +23,11 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
-
 sys.path.insert(0, str(Path(__file__).parent))
 
 import precision  # noqa: E402  (the benchmark's models, data and cache)
+from kept_layers import ranked_layers  # noqa: E402
+from nncf_samples import outputs  # noqa: E402
 from tflite_ranges import target_of  # noqa: E402
 
 SAMPLES = 128
@@ -46,11 +46,6 @@ SETTINGS = {
     "5 kept": (None, {}, 5, "f32"),
     "5 kept, the rest in bf16": (None, {}, 5, "bf16"),
 }
-
-
-def outputs(compiled, data, split: str) -> np.ndarray:
-    xs, chunk = data.x(split), precision.CHUNK
-    return np.concatenate([compiled(xs[i : i + chunk])[0] for i in range(0, len(xs), chunk)])
 
 
 def quantize(exported, feeds, alpha, extra: dict, keep: list[str], transformer: bool):
@@ -90,9 +85,8 @@ def one_model(name: str, budget: float, cache: Path) -> None:
 
     from infertune.accuracy import Accuracy, judge_metric
     from infertune.export.onnx import convert_to_onnx
-    from infertune.export.onnx_int8 import layer_errors
+    from infertune.export.openvino_int8 import transformer_shaped
     from infertune.measure import measure_interleaved
-    from infertune.pipeline.precision import ranking_inputs
     from infertune.quiet import stdout_silenced
 
     nncf.set_log_level(logging.ERROR)
@@ -101,16 +95,12 @@ def one_model(name: str, budget: float, cache: Path) -> None:
     target = target_of(model, calibration[:1])
     target.calibration = [[calibration]]
     exported = convert_to_onnx(target)
-    errors = layer_errors(*ranking_inputs(target))
-    ranking = sorted(errors, key=lambda scope: -errors[scope])
+    ranking = ranked_layers(target)
     core = openvino.Core()
-    reference = core.compile_model(
-        core.read_model(exported.session_model()),
-        "CPU",
-        {hints.inference_precision: openvino.Type.f32},
-    )
-    ops = {op.get_type_name() for op in core.read_model(exported.session_model()).get_ops()}
-    transformer = "Softmax" in ops and "MatMul" in ops
+    float_model = core.read_model(exported.session_model())
+    transformer = transformer_shaped(float_model)
+    f32 = {hints.inference_precision: openvino.Type.f32}
+    reference = core.compile_model(float_model, "CPU", f32)
     gate_labels, test_labels = data.y("gate"), data.y("test")
     reference_gate, reference_test = (
         outputs(reference, data, "gate"),

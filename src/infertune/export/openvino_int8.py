@@ -51,6 +51,7 @@ __all__ = [
     "nncf_missing",
     "quantize_for_openvino",
     "read_ir",
+    "transformer_shaped",
 ]
 
 IR_FILE = "model.xml"  # and model.bin beside it
@@ -104,6 +105,13 @@ def nncf_missing() -> str | None:
     return None
 
 
+def transformer_shaped(model: Any) -> bool:
+    """Whether an openvino.Model has attention's ops (MatMul with Softmax): NNCF's transformer
+    rules then apply."""
+    ops = {op.get_type_name() for op in model.get_ordered_ops()}
+    return "Softmax" in ops and "MatMul" in ops
+
+
 def quantize_for_openvino(
     exported: OnnxExport,
     feeds: list[dict[str, np.ndarray]],
@@ -120,8 +128,7 @@ def quantize_for_openvino(
     nncf.set_log_level(logging.ERROR)
     core = openvino.Core()
     model = core.read_model(exported.session_model())
-    ops = {op.get_type_name() for op in model.get_ordered_ops()}
-    transformer = "Softmax" in ops and "MatMul" in ops
+    transformer = transformer_shaped(model)
     if not transformer:
         feeds = feeds[:SAMPLES_WITHOUT_ATTENTION]
     ignored = None

@@ -48,8 +48,8 @@ if TYPE_CHECKING:
     from .isolation import Isolation
 
 __all__ = [
-    "MAX_KEPT", "SEARCH_FASTER", "race", "ranking_inputs", "rivals", "search", "serves_several",
-    "time_together",
+    "MAX_KEPT", "SEARCH_FASTER", "race", "raced", "ranking_inputs", "rivals", "search",
+    "serves_several", "time_together",
 ]  # fmt: skip
 
 MAX_KEPT = 6  # layers kept in float32 at most, one more each step
@@ -99,10 +99,7 @@ def search(
         if isinstance(trial, str):
             tried.append(f"{steps}: {trial}")
             break
-        mine, rival, theirs = stage(
-            state, run, "timing", f"{state.name}: timing it against the fastest verified ones",
-            lambda v=variant: race(v, others, run),
-        )  # fmt: skip
+        mine, rival, theirs = raced(state, run, stage, variant, others)
         costs.append({"layer": scope, "p50_ms": mine})
         slower = rival is not None and mine is not None and mine >= theirs
         if slower and not serves_several(run):  # it cannot be chosen: its gate is not run
@@ -141,10 +138,7 @@ def _cannot_win(
     after OpenVINO's int8 passed."""
     if not others:
         return None
-    mine, rival, theirs = stage(
-        state, run, "timing", f"{state.name}: timing it against the fastest verified ones",
-        lambda: race(state.backend, others, run),
-    )  # fmt: skip
+    mine, rival, theirs = raced(state, run, stage, state.backend, others)
     if rival is None or mine is None or mine < SEARCH_FASTER * theirs:
         return None
     return (
@@ -299,6 +293,17 @@ def rivals(run: Preparation) -> list[Any]:
         return []
     fastest = min(estimates.values())
     return [run.contenders[n] for n, s in estimates.items() if s <= RIVALS_WITHIN * fastest]
+
+
+def raced(
+    state: Candidate, run: Preparation, stage: Callable, variant: Any, rivals: list[Any]
+) -> tuple[float | None, Any, float]:
+    """`race` run as the candidate's "timing" stage (`stage`: this thread's or the
+    background's), what its search and a gate where memory is tight do before they judge."""
+    return stage(
+        state, run, "timing", f"{state.name}: timing it against the fastest verified ones",
+        lambda: race(variant, rivals, run),
+    )  # fmt: skip
 
 
 def race(variant: Any, rivals: list[Any], run: Preparation) -> tuple[float | None, Any, float]:

@@ -57,7 +57,7 @@ from .isolation import (
 from .memory import fits_memory, memory_budget
 from .offload import offload
 from .planning import order_candidates
-from .precision import SEARCH_FASTER, race, rivals, search, serves_several, time_together
+from .precision import SEARCH_FASTER, raced, rivals, search, serves_several, time_together
 from .tournament import keep, memory_tight, skip_variant, wait_for_rehearsals
 from .verifying import Mismatch, checks_for, first_call_and_verify, judge_candidate
 
@@ -415,10 +415,7 @@ def _judged_now(state: Candidate, run: Preparation, isolation: Isolation, stage:
     26 s of optimize()'s 217 there (one run each way)."""
     others = [] if serves_several(run) else rivals(run)
     if others:
-        mine, rival, theirs = stage(
-            state, run, "timing", f"{state.name}: timing it against the fastest verified ones",
-            lambda: race(state.backend, others, run),
-        )  # fmt: skip
+        mine, rival, theirs = raced(state, run, stage, state.backend, others)
         if rival is not None and mine is not None and mine >= theirs:
             raise _NotJudged(_slower(rival.name, theirs, mine))
     judge_candidate(state, run, isolation, stage)
