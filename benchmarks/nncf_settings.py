@@ -11,8 +11,12 @@ infertune's gate (infertune.accuracy.judge_metric: max_drop=0.01, 95% paired boo
 and on the test split, counts the gate samples whose verdict changed, then times every one
 at batch 1, interleaved with OpenVINO in float32 (infertune.measure.measure_interleaved).
 Layers kept are infertune's ranking's first (pipeline/precision.py `ranking_inputs`).
+Besides NNCF's post-training quantization, int8 weights alone (`nncf.compress_weights`, no
+calibration), with the activations in float32 or quantized by OpenVINO at every call
+(`WEIGHTS_ONLY`): what a quantization that needs no calibrated activation ranges gives.
+Timings: p50 in ms, against NNCF's int8 quantized throughout and OpenVINO in float32.
 
-    python benchmarks/nncf_settings.py --models bert-encoder
+    python benchmarks/nncf_settings.py --models bert-encoder [--settings "throughout,int8 weights"]
 """
 
 from __future__ import annotations
@@ -46,6 +50,14 @@ SETTINGS = {
     "5 kept": (None, {}, 5, "f32"),
     "5 kept, the rest in bf16": (None, {}, 5, "bf16"),
 }
+# label -> OpenVINO's DYNAMIC_QUANTIZATION_GROUP_SIZE: int8 weights alone (nncf.compress_weights,
+# asymmetric per channel, no calibration), the activations float32 (0) or quantized at every
+# call in groups of that many values (the CPU plugin's dynamic quantization)
+WEIGHTS_ONLY = {
+    "int8 weights alone": 0,
+    "int8 weights, activations per call in groups of 32": 32,
+    "int8 weights, activations per call in groups of 128": 128,
+}
 
 
 def quantize(exported, feeds, alpha, extra: dict, keep: list[str], transformer: bool):
@@ -75,7 +87,7 @@ def quantize(exported, feeds, alpha, extra: dict, keep: list[str], transformer: 
     return nncf.quantize(model, nncf.Dataset(feeds), subset_size=len(feeds), **arguments)
 
 
-def one_model(name: str, budget: float, cache: Path) -> None:
+def one_model(name: str, budget: float, cache: Path, chosen: list[str]) -> None:
     import logging
 
     os.environ.setdefault("NNCF_CI", "1")  # no telemetry
@@ -112,19 +124,29 @@ def one_model(name: str, budget: float, cache: Path) -> None:
     print(f"{name}: the ranking's first layers: {', '.join(ranking[:5])}")
     feeds = [{exported.input_names[0]: calibration[i : i + 1]} for i in range(SAMPLES)]
     compiled = {"OpenVINO f32": reference}
-    for label, (alpha, extra, kept, inference) in SETTINGS.items():
-        start = time.perf_counter()
+    compressed = None
+    for label in chosen:
+        start, reused = time.perf_counter(), False
         with stdout_silenced():  # NNCF's progress bars
-            quantized = quantize(exported, feeds, alpha, extra, ranking[:kept], transformer)
+            if label in SETTINGS:
+                alpha, extra, kept, inference = SETTINGS[label]
+                quantized = quantize(exported, feeds, alpha, extra, ranking[:kept], transformer)
+                wanted = {hints.inference_precision: getattr(openvino.Type, inference)}
+            else:  # the weights compressed once, for every group size
+                reused = compressed is not None
+                if compressed is None:
+                    compressed = nncf.compress_weights(core.read_model(exported.session_model()))
+                quantized = compressed
+                wanted = {**f32, "DYNAMIC_QUANTIZATION_GROUP_SIZE": str(WEIGHTS_ONLY[label])}
         seconds = time.perf_counter() - start
-        wanted = {hints.inference_precision: getattr(openvino.Type, inference)}
+        made = "the weights compressed above" if reused else f"quantized in {seconds:.1f} s"
         compiled[label] = core.compile_model(quantized, "CPU", wanted)
         gate = outputs(compiled[label], data, "gate")
         verdict = judge_metric(rule, [gate_labels], [reference_gate], [gate])
         changed = int(((gate.argmax(-1) == gate_labels) != right).sum())
         test = precision.accuracy_of(outputs(compiled[label], data, "test"), test_labels)
         print(
-            f"  {label}: quantized in {seconds:.1f} s; gate {verdict.metric:.4f} against "
+            f"  {label}: {made}; gate {verdict.metric:.4f} against "
             f"{verdict.reference_metric:.4f}, drop {100 * verdict.drop:+.2f} points, bound "
             f"{100 * verdict.drop_bound:+.2f} ({'passes' if verdict else 'fails'}), "
             f"{changed} samples changed; test {test:.4f} against {test_fp32:.4f}",
@@ -137,9 +159,14 @@ def one_model(name: str, budget: float, cache: Path) -> None:
         min_rounds=5,
         race=False,
     )
-    base = measured.stats["throughout"].p50
+    f32_p50 = measured.stats["OpenVINO f32"].p50
+    throughout = measured.stats.get("throughout")
     for label, stats in measured.stats.items():
-        print(f"  {label}: p50 {stats.p50:.3g} ms ({stats.p50 / base:.2f}x throughout)")
+        against = f"{stats.p50 / throughout.p50:.2f}x throughout's time, " if throughout else ""
+        print(
+            f"  {label}: p50 {stats.p50:.3g} ms ({against}{f32_p50 / stats.p50:.2f}x faster "
+            "than f32)"
+        )
 
 
 def main() -> None:
@@ -147,9 +174,19 @@ def main() -> None:
     parser.add_argument("--models", default="bert-encoder")
     parser.add_argument("--budget", type=float, default=20.0, help="s of interleaved timing")
     parser.add_argument("--cache", type=Path, default=precision.DEFAULT_CACHE.expanduser())
+    parser.add_argument(
+        "--settings",
+        help="comma-separated labels, or the start of labels (default all): "
+        f"{list(SETTINGS) + list(WEIGHTS_ONLY)}",
+    )
     args = parser.parse_args()
+    known = list(SETTINGS) + list(WEIGHTS_ONLY)
+    wanted = [w for w in args.settings.split(",") if w] if args.settings else [""]
+    chosen = [label for label in known if any(label.startswith(w) for w in wanted)]
+    if not chosen:
+        parser.error(f"no setting starts with {wanted}; known: {known}")
     for name in args.models.split(","):
-        one_model(name, args.budget, args.cache)
+        one_model(name, args.budget, args.cache, chosen)
 
 
 if __name__ == "__main__":
