@@ -107,7 +107,7 @@ MAX_DROP = 0.01  # the gate: at most one point of accuracy lost, with the bootst
 HELD_OUT_SLACK = 0.005  # an accepted candidate's drop on the test split: max_drop + 0.5 points
 TOO_SLOW = 1.05  # infertune may be at most 5% slower than the best int8 by hand that passes
 OPTIMIZE_RATIO = 2.5  # optimize() with reduced precision against fp32 alone (ResNet50 224)
-# Each timed this many times, in turns: one pair's ratio moved 2.19-2.64x in two such runs
+# Each timed this many times, in turns: one pair's ratio moved 2.19-2.72x in three such runs
 TUNING_ROUNDS = 3
 CALIBRATION = 128  # samples in calibration= (infertune's quantizers take 32-128 of them)
 QUICK_OUT = Path(tempfile.gettempdir()) / "infertune-bench-precision-quick"  # not the docs'
