@@ -27,7 +27,14 @@ from .paths import user_path
 from .quiet import import_tensorflow
 from .structure import Structure, flatten
 
-__all__ = ["ModelSource", "inference_call", "load_model", "tensor_specs", "training_layers"]
+__all__ = [
+    "ModelSource",
+    "inference_call",
+    "load_model",
+    "tensor_specs",
+    "trace",
+    "training_layers",
+]
 
 
 class ModelSource:
@@ -363,3 +370,33 @@ def tensor_specs(signature: InputSignature) -> list:
         tf.TensorSpec(spec.shape, tf.as_dtype(spec.dtype), name=f"in_{i}")
         for i, spec in enumerate(signature.specs)
     ]
+
+
+def trace(function: Any) -> Any:
+    """`function.get_concrete_function()` (a tf.function with its input signature), with the
+    stack trace of every op in its graph, and in the graphs it calls, worked out now, in this
+    thread, before another thread can run or convert it.
+
+    TensorFlow (2.21) works out an op's stack trace on first use, under a lock of the trace's
+    own and then Python's: XLA's compile asks without holding Python's lock, the TFLite
+    converter (its debug info) while holding it, so the two on one op at once deadlock. They
+    meet on a tf.function model, whose graph every trace calls: XLA compiling in the
+    background thread while the TFLite conversion of the traced model read the same ops hung
+    optimize() (a CI run; 1 optimize() in 6 in a loop, backends tf-xla and litert). Worked
+    out, a trace is kept, and neither lock is taken in turn again (ResNet50's 1831 ops: 75 ms,
+    which the TFLite converter then does not spend)."""
+    concrete = function.get_concrete_function()
+    graphs, seen = [concrete.graph], set()
+    while graphs:
+        graph = graphs.pop()
+        if id(graph) in seen:
+            continue
+        seen.add(id(graph))
+        for op in graph.get_operations():
+            stack = op.traceback
+            if stack is not None:
+                len(stack)  # computes the trace and keeps it
+        for called in getattr(graph, "_functions", {}).values():  # private: the called graphs
+            if getattr(called, "graph", None) is not None:
+                graphs.append(called.graph)
+    return concrete

@@ -30,7 +30,7 @@ import numpy as np
 
 from .errors import one_line
 from .inputs import InputSignature, build_signature
-from .models import ModelSource, load_model, tensor_specs
+from .models import ModelSource, load_model, tensor_specs, trace
 from .structure import flatten
 
 __all__ = ["HEAD_LAYERS", "REJECTED_OPS", "Split", "find_split"]
@@ -318,5 +318,5 @@ def _head_function(head: Any, signature: InputSignature) -> Any:
         ]
 
     function = tf.function(flat_head, input_signature=tensor_specs(signature))
-    function.get_concrete_function()
+    trace(function)  # called in the background thread beside the conversions
     return function

@@ -71,13 +71,13 @@ class Target:
         if self._traced is None:
             import tensorflow as tf
 
-            from .models import tensor_specs
+            from .models import tensor_specs, trace
 
             specs = tensor_specs(self.signature)
             function = tf.function(
                 self.source.graph_function(self.signature), input_signature=specs
             )
-            self._traced = (function, function.get_concrete_function())
+            self._traced = (function, trace(function))
         return self._traced
 
     def run_traced(self, flat_inputs: list[np.ndarray]) -> list[np.ndarray]:

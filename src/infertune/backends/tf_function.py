@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from ..inputs import InputSignature
-from ..models import tensor_specs
+from ..models import tensor_specs, trace
 from ..outputs import OutputSignature
 from .base import Backend, Target
 from .triton_plan import TritonPlan, TritonTensor, model_names
@@ -50,7 +50,7 @@ class TfFunction(Backend):
                 input_signature=tensor_specs(target.signature),
                 jit_compile=True,
             )
-            self._fn.get_concrete_function()  # trace now: tracing belongs to prepare_s
+            trace(self._fn)  # now: tracing belongs to prepare_s; models.trace says why
         else:  # the very function the ONNX export and the TFLite conversion start from
             self._fn, _ = target.traced()
         self._owner = target.source.owner  # its variables are what the saved function reads

@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import one_line
-from ..models import tensor_specs
+from ..models import tensor_specs, trace
 from ..paths import link_or_copy, remove_with
 from ..sizes import FIXED_TFLITE_MAX_BYTES
 from ..target import Target
@@ -128,7 +128,7 @@ def _converter(target: Target, fixed: bool = False) -> tuple[Any, tuple[str, ...
         function = tf.function(
             target.source.graph_function(target.signature), input_signature=specs
         )
-        concrete = function.get_concrete_function()
+        concrete = trace(function)
     else:
         function, concrete = target.traced()  # the trace the ONNX export starts from too
     # The tf.function as trackable_obj selects the converter's concrete-function pipeline
