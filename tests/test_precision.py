@@ -368,6 +368,16 @@ def test_a_reduced_candidate_slower_than_one_verified_is_not_judged(
         assert "quantized throughout, timed together" in static.reason, static.reason
 
 
+def _attention_model():
+    """A one-block attention classifier of (8, 16) sequences: NNCF's transformer rules apply."""
+    import keras
+
+    tokens = keras.Input((8, 16))
+    attended = keras.layers.MultiHeadAttention(2, 8, name="attention")(tokens, tokens)
+    flat = keras.layers.Flatten()(keras.layers.LayerNormalization()(attended + tokens))
+    return keras.Model(tokens, keras.layers.Dense(10, name="head")(flat))
+
+
 @needs_openvino
 def test_layers_kept_in_float32_reuse_the_statistics_nncf_collected(
     classifier, digits, monkeypatch
@@ -382,7 +392,6 @@ def test_layers_kept_in_float32_reuse_the_statistics_nncf_collected(
     model again."""
     import dataclasses
 
-    import keras
     import onnx
     import openvino
     from helpers import target_for
@@ -391,10 +400,7 @@ def test_layers_kept_in_float32_reuse_the_statistics_nncf_collected(
     from infertune.export.onnx import convert_to_onnx
     from infertune.export.openvino_int8 import quantize_for_openvino
 
-    tokens = keras.Input((8, 16))
-    attended = keras.layers.MultiHeadAttention(2, 8, name="attention")(tokens, tokens)
-    flat = keras.layers.Flatten()(keras.layers.LayerNormalization()(attended + tokens))
-    attention = keras.Model(tokens, keras.layers.Dense(10, name="head")(flat))
+    attention = _attention_model()
     sequences = np.random.default_rng(0).standard_normal((24, 8, 16)).astype("float32")
     core = openvino.Core()
 
@@ -436,6 +442,83 @@ def test_layers_kept_in_float32_reuse_the_statistics_nncf_collected(
         np.testing.assert_array_equal(outputs(kept, x[:8]), outputs(afresh, x[:8]))
         assert not np.array_equal(outputs(kept, x[:8]), outputs(whole, x[:8]))
         assert "kept in float32" in kept.settings
+
+
+@needs_openvino
+def test_an_attention_model_is_quantized_without_smoothquant_as_the_other_method(
+    classifier, digits, tmp_path
+):
+    """On an attention model OpenVINO's int8 has a second calibration method, what the search
+    tries where the default fails the gate: NNCF's transformer rules without SmoothQuant
+    (which rescales the MatMuls' inputs into their weights before quantizing: another model);
+    a step keeping layers from it starts from its own statistics (the model quantized afresh,
+    to the last bit). A CNN has one way only. A result quantized so is saved and loaded as
+    it was, its settings saying how."""
+    import dataclasses
+
+    import onnx
+    import openvino
+    from helpers import target_for
+
+    from infertune.backends.openvino import OpenVinoCpuInt8
+    from infertune.export.onnx import convert_to_onnx
+    from infertune.export.openvino_int8 import (
+        SMOOTH_QUANT_OFF,
+        SMOOTH_QUANT_ON,
+        quantize_for_openvino,
+    )
+
+    attention = _attention_model()
+    x = np.random.default_rng(0).standard_normal((24, 8, 16)).astype("float32")
+    core = openvino.Core()
+
+    def outputs(quantized):
+        compiled = core.compile_model(quantized.model, "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
+        return np.concatenate([compiled(x[i : i + 1])[0] for i in range(8)])
+
+    exported = convert_to_onnx(target_for(attention, x[:1]))
+    feeds = [{exported.input_names[0]: x[i : i + 1]} for i in range(16)]
+    smoothed = quantize_for_openvino(exported, feeds)
+    plain = quantize_for_openvino(exported, feeds, smooth_quant=False)
+    assert smoothed.transformer and plain.transformer
+    assert SMOOTH_QUANT_OFF in plain.settings and SMOOTH_QUANT_OFF not in smoothed.settings
+    assert not np.array_equal(outputs(plain), outputs(smoothed))
+    names = [n.name for n in onnx.load_from_string(exported.model_bytes).graph.node]
+    parts = next(n for n in names if "/attention_output_" in n).split("/")
+    keep = (
+        "/".join(parts[: parts.index(next(p for p in parts if p.startswith("attention_o"))) + 1]),
+    )  # its output projection's scope, as the search names it
+    kept = quantize_for_openvino(exported, feeds, keep, smooth_quant=False)
+    afresh = quantize_for_openvino(
+        dataclasses.replace(exported, derived={}), feeds, keep, smooth_quant=False
+    )
+    np.testing.assert_array_equal(outputs(kept), outputs(afresh))
+    assert not np.array_equal(outputs(kept), outputs(plain))
+
+    def methods(model, sample, calibration):
+        target = target_for(model, sample)
+        target.calibration = [[calibration]]
+        backend = OpenVinoCpuInt8()
+        backend.prepare(target)
+        try:
+            return backend.calibration_methods
+        finally:
+            backend.close()
+
+    assert methods(attention, x[:1], x[:16]) == (SMOOTH_QUANT_ON, SMOOTH_QUANT_OFF)
+    assert methods(classifier, digits["calibration"][:1], digits["calibration"][:16]) == ()
+
+    labels = attention.predict(x[16:], verbose=0).argmax(axis=1)  # a budget it meets
+    opt = infertune.optimize(
+        attention, x[:1], backends=[OpenVinoCpuInt8(method=SMOOTH_QUANT_OFF)],
+        precision=("int8",), calibration=x[:16],
+        accuracy=Accuracy((x[16:], labels), max_drop=0.5), verbose=False,
+    )  # fmt: skip
+    assert opt.backend == "openvino-cpu-int8", str(opt.report)
+    assert SMOOTH_QUANT_OFF in opt.report.candidate(opt.backend).quantization
+    loaded = infertune.load(opt.save(tmp_path / "smoothquant-off"))
+    np.testing.assert_array_equal(loaded(x[:5]), opt(x[:5]))
+    assert SMOOTH_QUANT_OFF in loaded.report.candidate(opt.backend).quantization
 
 
 def test_the_models_predictions_come_from_a_float32_candidate_only_where_it_agrees():

@@ -135,9 +135,10 @@ class Backend(ABC):
     # A quantizing candidate whose conversion calibrates on optimize(calibration=...): without
     # calibration data it is `skipped`, saying so.
     needs_calibration: ClassVar[bool] = False
-    # Its calibration methods, the first its default: the pipeline tries the next where one
-    # does not pass the gate (`variant(method=...)`); empty: one way only.
+    # Its calibration methods, the first its default: the pipeline tries the others where its
+    # own (`method`) does not pass the gate (`variant(method=...)`); empty: one way only.
     calibration_methods: ClassVar[tuple[str, ...]] = ()
+    method: str | None = None
     # Whether it can leave chosen layers in float32 (`variant(keep=...)`): where the gate
     # rejects it, the layers that lose most are kept, one group at a time.
     keeps_layers: ClassVar[bool] = False

@@ -21,6 +21,8 @@ from ..export.onnx import read_onnx, write_onnx
 from ..export.openvino_int8 import (
     CALIBRATION_SAMPLES,
     IR_FILE,
+    SMOOTH_QUANT_OFF,
+    SMOOTH_QUANT_ON,
     OpenVinoInt8,
     nncf_missing,
     quantize_for_openvino,
@@ -248,7 +250,9 @@ class OpenVinoCpuInt8(OpenVinoCpu):
     """The ONNX export quantized to int8 by NNCF (export/openvino_int8.py), compiled with f32
     inference precision (the ops NNCF leaves in float run in float32, never bf16). Saved as
     OpenVINO's IR, which loads without NNCF. `keep`: layers left in float32 (NNCF's ignored
-    scope), a `variant` the pipeline makes where the gate rejects the default."""
+    scope), a `variant` the pipeline makes where the gate rejects the default; `method`, on a
+    transformer-shaped graph, NNCF's transformer rules with SmoothQuant (the default) or
+    without (SMOOTH_QUANT_OFF), the pipeline's other calibration method there."""
 
     name = "openvino-cpu-int8"
     conversions = ("onnx", "openvino-int8")
@@ -266,28 +270,40 @@ class OpenVinoCpuInt8(OpenVinoCpu):
 
     def __init__(
         self, performance_hint: str | None = None, callers_only: bool = False,
-        keep: tuple[str, ...] = (),
+        keep: tuple[str, ...] = (), method: str = SMOOTH_QUANT_ON,
     ):  # fmt: skip
         super().__init__(performance_hint, callers_only)
-        self.keep = tuple(keep)
+        if method not in (SMOOTH_QUANT_ON, SMOOTH_QUANT_OFF):
+            raise ValueError(f"method must be {SMOOTH_QUANT_ON!r} or {SMOOTH_QUANT_OFF!r}")
+        self.keep, self.method = tuple(keep), method
         self._quantized: OpenVinoInt8 | None = None
+
+    @property
+    def calibration_methods(self) -> tuple[str, ...]:  # type: ignore[override]
+        """With SmoothQuant and without, where the quantized graph has attention (NNCF's
+        transformer rules applied); one way otherwise, and before it is quantized."""
+        quantized = self._quantized
+        return (SMOOTH_QUANT_ON, SMOOTH_QUANT_OFF) if quantized and quantized.transformer else ()
 
     def tuning_unavailable(self) -> str | None:
         return nncf_missing()
 
     def variant(self, method: str | None = None, keep: tuple[str, ...] | None = None) -> Backend:
-        return type(self)(self.performance_hint, self.callers_only, keep or ())
+        method = method or self.method
+        return type(self)(self.performance_hint, self.callers_only, keep or (), method)
 
     def convert(self, target: Target) -> None:
         self.hint = self._hint(target)
         if self._quantized is not None:
             return
-        if not self.keep or target.loading:  # the shared one, or the saved one
+        default = not self.keep and self.method == SMOOTH_QUANT_ON
+        if default or target.loading:  # the shared one, or the saved one
             self._quantized = shared(target, "openvino-int8")
         else:
             exported = export_onnx(target)
             feeds = target.calibration_feeds(exported.input_names, CALIBRATION_SAMPLES)
-            self._quantized = quantize_for_openvino(exported, feeds, self.keep)
+            smooth_quant = self.method == SMOOTH_QUANT_ON
+            self._quantized = quantize_for_openvino(exported, feeds, self.keep, smooth_quant)
         self.precision_note = self._quantized.settings
 
     def _model(self) -> tuple[Any, list[str], list[str]]:
@@ -308,6 +324,7 @@ class OpenVinoCpuInt8(OpenVinoCpu):
             "output_names": quantized.output_names,
             "quantization": quantized.settings,
             "keep": list(self.keep),
+            "method": self.method,
             "performance_hint": self.performance_hint,
             "hint": self.hint,
             "inference_precision": self.inference_precision,
@@ -315,7 +332,10 @@ class OpenVinoCpuInt8(OpenVinoCpu):
 
     @classmethod
     def load_artifact(cls, directory: Path, settings: dict, target: Target) -> Backend:
-        backend = cls(settings["performance_hint"], keep=tuple(settings.get("keep", ())))
+        backend = cls(
+            settings["performance_hint"], keep=tuple(settings.get("keep", ())),
+            method=settings.get("method", SMOOTH_QUANT_ON),
+        )  # fmt: skip
         target.preload("openvino-int8", read_ir(directory, settings))
         backend.prepare(target)
         return backend

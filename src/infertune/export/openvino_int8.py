@@ -7,7 +7,13 @@ small CNN 3.5x on an AMX Xeon). NNCF imports OpenVINO, scipy and networkx, not T
 torch; its telemetry is switched off (NNCF_CI) and its progress bar, printed by `rich` to
 stdout, silenced. Layers kept in float32 are NNCF's ignored scope, matched by their name scope
 (onnx_int8.keep_pattern). A transformer-shaped graph (MatMul with Softmax) is quantized with
-NNCF's transformer rules (SmoothQuant, no quantized Softmax inputs).
+NNCF's transformer rules (SmoothQuant, no quantized Softmax inputs); where that fails the
+gate, the search (pipeline/precision.py) tries the rules without SmoothQuant
+(`SMOOTH_QUANT_OFF`, a calibration method of OpenVinoCpuInt8's). SmoothQuant moves part of
+each activation's range into the MatMul's weights before quantizing: on the precision
+benchmark's encoder trained end to end, quantized throughout, it lost 15 points of accuracy
+where without it the same quantization lost 0.5 (docs/benchmarks.md, "The encoder trained
+end to end").
 
 Keeping layers in float32 (the search, pipeline/precision.py) quantizes the export again with
 another ignored scope. NNCF's statistics do not depend on it: the first quantization of an
@@ -47,6 +53,8 @@ __all__ = [
     "CALIBRATION_SAMPLES",
     "IR_FILE",
     "SAMPLES_WITHOUT_ATTENTION",
+    "SMOOTH_QUANT_OFF",
+    "SMOOTH_QUANT_ON",
     "OpenVinoInt8",
     "nncf_missing",
     "quantize_for_openvino",
@@ -64,7 +72,9 @@ IR_FILE = "model.xml"  # and model.bin beside it
 # same; the BERT-sized encoder quantized throughout 0.37 / 0.33 against 0.47 / 0.43.
 CALIBRATION_SAMPLES = 128
 SAMPLES_WITHOUT_ATTENTION = 32
-_STATISTICS = "nncf statistics"  # the key of OnnxExport.derived
+_STATISTICS = "nncf statistics"  # the key of OnnxExport.derived (+ SMOOTH_QUANT_OFF)
+SMOOTH_QUANT_ON = "with SmoothQuant"  # NNCF's transformer rules as they are
+SMOOTH_QUANT_OFF = "without SmoothQuant"  # the transformer rules, SmoothQuant's step off
 
 
 @dataclass
@@ -89,6 +99,7 @@ class OpenVinoInt8:
     input_names: list[str]
     output_names: list[str]
     settings: str  # in words
+    transformer: bool = False  # quantized with NNCF's transformer rules (attention's ops)
 
     def write(self, directory: Path) -> None:
         import openvino
@@ -116,9 +127,11 @@ def quantize_for_openvino(
     exported: OnnxExport,
     feeds: list[dict[str, np.ndarray]],
     keep: tuple[str, ...] = (),
+    smooth_quant: bool = True,
 ) -> OpenVinoInt8:
     """The export quantized to int8 by NNCF, calibrated on `feeds` (dicts by input name),
-    the name scopes in `keep` left in float32."""
+    the name scopes in `keep` left in float32; `smooth_quant` False: a transformer-shaped
+    graph without SmoothQuant's step (nothing changes for another graph)."""
     os.environ.setdefault("NNCF_CI", "1")  # before NNCF's import: no telemetry
     import logging
 
@@ -136,36 +149,56 @@ def quantize_for_openvino(
         patterns = [f".*{keep_pattern(scope)}.*" for scope in keep]
         ignored = nncf.IgnoredScope(patterns=patterns, validate=False)
     dataset = nncf.Dataset(feeds)
-    recorded = exported.derived.get(_STATISTICS)
+    smooth_quant = smooth_quant or not transformer
+    rules = _rules(transformer, smooth_quant)
+    key = _STATISTICS if smooth_quant else f"{_STATISTICS} {SMOOTH_QUANT_OFF}"
+    recorded = exported.derived.get(key)
     with _quiet():
         quantized = None
         if recorded is not None and recorded.samples == len(feeds):
             quantized = _again(recorded, ignored, dataset)
         if quantized is None:  # `model` is read, not changed, where this gives None
-            quantized, recorded = _recording(model, dataset, len(feeds), transformer, ignored)
+            quantized, recorded = _recording(model, dataset, len(feeds), rules, ignored)
             if recorded is not None and not keep and exported.directory is None:
-                exported.derived[_STATISTICS] = recorded  # a model past 2 GB: not held twice
+                exported.derived[key] = recorded  # a model past 2 GB: not held twice
         if quantized is None:
             quantized = nncf.quantize(
-                model, dataset, subset_size=len(feeds),
-                model_type=nncf.ModelType.TRANSFORMER if transformer else None,
-                ignored_scope=ignored,
-            )  # fmt: skip
+                model, dataset, subset_size=len(feeds), ignored_scope=ignored, **rules
+            )
     words = f"int8 by NNCF {nncf.__version__} on {len(feeds)} calibration samples"
     if transformer:
-        words += ", transformer rules"
+        words += ", transformer rules" + ("" if smooth_quant else f" {SMOOTH_QUANT_OFF}")
     if keep:
         words += f"; kept in float32: {', '.join(keep)}"
-    return OpenVinoInt8(quantized, list(exported.input_names), list(exported.output_names), words)
+    return OpenVinoInt8(
+        quantized, list(exported.input_names), list(exported.output_names), words, transformer
+    )
+
+
+def _rules(transformer: bool, smooth_quant: bool) -> dict[str, Any]:
+    """NNCF's arguments for the graph's kind: its transformer rules for a transformer-shaped
+    graph, SmoothQuant's step in them or not (alpha -1 turns it off)."""
+    import nncf
+    from nncf.quantization.advanced_parameters import (
+        AdvancedQuantizationParameters,
+        AdvancedSmoothQuantParameters,
+    )
+
+    if not transformer:
+        return {"model_type": None}
+    rules: dict[str, Any] = {"model_type": nncf.ModelType.TRANSFORMER}
+    if not smooth_quant:
+        alphas = AdvancedSmoothQuantParameters(convolution=-1, matmul=-1)
+        rules["advanced_parameters"] = AdvancedQuantizationParameters(smooth_quant_alphas=alphas)
+    return rules
 
 
 def _recording(
-    model: Any, dataset: Any, samples: int, transformer: bool, ignored: Any
+    model: Any, dataset: Any, samples: int, rules: dict[str, Any], ignored: Any
 ) -> tuple[Any, _Statistics | None]:
     """nncf.quantize's OpenVINO path (quantize_impl, native_quantize_impl) run step by step,
     each step's statistics kept; (None, None), `model` unchanged, where NNCF lacks a part of
     it (another version) or the model has If operations (NNCF's other path)."""
-    import nncf
 
     try:
         from nncf.openvino.graph.model_utils import remove_friendly_name_duplicates
@@ -182,11 +215,7 @@ def _recording(
         return None, None
     if get_number_if_op(model) > 0:
         return None, None
-    algorithm = PostTrainingQuantization(
-        subset_size=samples,
-        model_type=nncf.ModelType.TRANSFORMER if transformer else None,
-        ignored_scope=ignored,
-    )
+    algorithm = PostTrainingQuantization(subset_size=samples, ignored_scope=ignored, **rules)
     try:
         pipeline = algorithm._pipeline
         count = len(pipeline.pipeline_steps)

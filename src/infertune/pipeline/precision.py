@@ -5,8 +5,10 @@ First the candidate, quantized throughout, is timed against the fastest candidat
 far (`race`): none of what follows can make it faster, so it is not searched where its p50 is
 not at most SEARCH_FASTER times theirs (`_cannot_win`). Then the other calibration methods it
 has (`Backend.calibration_methods`: percentile, entropy after min-max), each quantized anew and
-judged. Then, for a candidate that can leave layers in float32 (`Backend.keeps_layers`), the
-layers are ranked by the error each adds (export/onnx_int8.py `layer_errors`: the float32
+judged (OpenVINO's int8 on an attention model: NNCF's transformer rules without SmoothQuant).
+Then, for a candidate that can leave layers in float32 (`Backend.keeps_layers`), quantized
+with the method that came closest to passing (the least bound of the drop), the layers are
+ranked by the error each adds (export/onnx_int8.py `layer_errors`: the float32
 export and its static int8 form run side by side on the calibration inputs, each quantized
 layer's output compared, less what its inputs already carried), and the worst are kept in
 float32 one at a time: after each, the candidate is quantized again, verified, timed against
@@ -74,13 +76,17 @@ def search(
     if why_not is not None:
         raise Mismatch(f"{failed}; not searched further: {why_not}", failed.judgement)
     tried = [f"{_settings(backend)}: {failed.judgement.reason}"]
-    best_method = backend.calibration_methods[0] if backend.calibration_methods else None
-    for method in backend.calibration_methods[1:]:
+    methods = backend.calibration_methods
+    best_method = backend.method if backend.method in methods else None
+    closest = _shortfall(failed.judgement)
+    for method in [m for m in methods if m != best_method]:
         variant = backend.variant(method=method)
         verdict = _attempt(state, run, isolation, stage, variant)
         if verdict is None:
             return
-        tried.append(f"{_settings(variant)}: {verdict}")
+        tried.append(f"{_settings(variant)}: {_reason(verdict)}")
+        if _shortfall(verdict) < closest:  # the layers are kept from the closest method's
+            best_method, closest = method, _shortfall(verdict)
     if not backend.keeps_layers or run.target.loading:
         raise Mismatch(_summary(tried), failed.judgement)
     errors = stage(
@@ -115,8 +121,7 @@ def search(
             run.progress.say(f"{state.name}: passes with {', '.join(kept)} in float32")
             return
         _close(variant)
-        reason = verdict if isinstance(verdict, str) else verdict.reason
-        tried.append(f"{steps}: {reason}")
+        tried.append(f"{steps}: {_reason(verdict)}")
         if slower:  # it cannot win
             tried.append(_no_faster(kept, mine, rival, theirs))
             break
@@ -164,9 +169,10 @@ def serves_several(run: Preparation) -> bool:
 
 def _attempt(
     state: Candidate, run: Preparation, isolation: Isolation, stage: Callable, variant: Any
-) -> str | None:
+) -> Judgement | str | None:
     """Prepare, verify and judge `variant` in the candidate's place; None where it passed (it
-    then replaces the candidate's backend), else why not, in one line."""
+    then replaces the candidate's backend), else the gate's verdict, or why it was not judged
+    in one line."""
     trial = _verified(state, run, isolation, stage, variant)
     if isinstance(trial, str):
         return trial
@@ -175,7 +181,22 @@ def _attempt(
         _accept(state, variant)
         return None
     _close(variant)
+    return verdict
+
+
+def _reason(verdict: Judgement | str) -> str:
     return verdict if isinstance(verdict, str) else verdict.reason
+
+
+def _shortfall(verdict: Judgement | str | None) -> float:
+    """How far a failed verdict is from passing, to compare two methods' on one gate: the
+    bound of the metric's drop (accuracy=), else the relative error (the agreement rule);
+    infinite where it was not judged."""
+    if not isinstance(verdict, Judgement):
+        return math.inf
+    if verdict.drop_bound is not None:
+        return verdict.drop_bound
+    return verdict.details.get("relative_error", math.inf)
 
 
 def _verified(
