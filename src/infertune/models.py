@@ -382,7 +382,7 @@ def trace(function: Any) -> Any:
     converter (its debug info) while holding it, so the two on one op at once deadlock. They
     meet on a tf.function model, whose graph every trace calls: XLA compiling in the
     background thread while the TFLite conversion of the traced model read the same ops hung
-    optimize() (a CI run; 1 optimize() in 6 in a loop, backends tf-xla and litert). Worked
+    optimize() (a CI run; a loop of optimize() with tf-xla and litert, at its 7th). Worked
     out, a trace is kept, and neither lock is taken in turn again (ResNet50's 1831 ops: 75 ms,
     which the TFLite converter then does not spend)."""
     concrete = function.get_concrete_function()
