@@ -378,6 +378,15 @@ def _attention_model():
     return keras.Model(tokens, keras.layers.Dense(10, name="head")(flat))
 
 
+def _scope(exported, layer: str) -> str:
+    """A layer's name scope in the ONNX export, as the search names it: "sequential_3/conv_b_1"."""
+    import onnx
+
+    names = [n.name for n in onnx.load_from_string(exported.model_bytes).graph.node]
+    parts = next(n for n in names if f"/{layer}_" in n).split("/")
+    return "/".join(parts[: next(i for i, p in enumerate(parts) if p.startswith(layer)) + 1])
+
+
 @needs_openvino
 def test_layers_kept_in_float32_reuse_the_statistics_nncf_collected(
     classifier, digits, monkeypatch
@@ -392,7 +401,6 @@ def test_layers_kept_in_float32_reuse_the_statistics_nncf_collected(
     model again."""
     import dataclasses
 
-    import onnx
     import openvino
     from helpers import target_for
     from nncf.quantization.algorithms import pipeline
@@ -407,11 +415,6 @@ def test_layers_kept_in_float32_reuse_the_statistics_nncf_collected(
     def outputs(quantized, x):
         compiled = core.compile_model(quantized.model, "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
         return np.concatenate([compiled(x[i : i + 1])[0] for i in range(len(x))])
-
-    def scope(exported, layer):  # as the search names it: "sequential_3/conv_b_1"
-        names = [n.name for n in onnx.load_from_string(exported.model_bytes).graph.node]
-        parts = next(n for n in names if f"/{layer}_" in n).split("/")
-        return "/".join(parts[: next(i for i, p in enumerate(parts) if p.startswith(layer)) + 1])
 
     original = pipeline.collect_statistics
     collected = []  # the statistic points of each collection (a run on the samples)
@@ -432,7 +435,7 @@ def test_layers_kept_in_float32_reuse_the_statistics_nncf_collected(
         whole = quantize_for_openvino(exported, feeds)
         everything = max(collected)  # the most points one of its steps measured
         collected.clear()
-        keep = (scope(exported, layer),)
+        keep = (_scope(exported, layer),)
         kept = quantize_for_openvino(exported, feeds, keep)
         if collects_some:  # one run, for the points the first quantization did not measure
             assert len(collected) == 1 and 0 < collected[0] < everything, (collected, everything)
@@ -456,7 +459,6 @@ def test_an_attention_model_is_quantized_without_smoothquant_as_the_other_method
     it was, its settings saying how."""
     import dataclasses
 
-    import onnx
     import openvino
     from helpers import target_for
 
@@ -483,11 +485,7 @@ def test_an_attention_model_is_quantized_without_smoothquant_as_the_other_method
     assert smoothed.transformer and plain.transformer
     assert SMOOTH_QUANT_OFF in plain.settings and SMOOTH_QUANT_OFF not in smoothed.settings
     assert not np.array_equal(outputs(plain), outputs(smoothed))
-    names = [n.name for n in onnx.load_from_string(exported.model_bytes).graph.node]
-    parts = next(n for n in names if "/attention_output_" in n).split("/")
-    keep = (
-        "/".join(parts[: parts.index(next(p for p in parts if p.startswith("attention_o"))) + 1]),
-    )  # its output projection's scope, as the search names it
+    keep = (_scope(exported, "attention_output"),)  # its output projection
     kept = quantize_for_openvino(exported, feeds, keep, smooth_quant=False)
     afresh = quantize_for_openvino(
         dataclasses.replace(exported, derived={}), feeds, keep, smooth_quant=False
