@@ -36,7 +36,7 @@ import numpy as np
 from timing import EXACT_RTOL, ONNXRUNTIME_COOLDOWN_S, measure_runners, relative_error
 
 import infertune
-from infertune.environment import collect_environment
+from infertune.system.environment import collect_environment
 
 BATCH_SIZES = (1, 8, 64, 256)
 TARGET = 0.95  # dispatched callable >= 0.95x the speed of the fastest exact raw runtime

@@ -39,8 +39,11 @@ from timing import ONNXRUNTIME_COOLDOWN_S, machine_description, write_results
 
 import infertune
 from infertune.demo import demo_model
-from infertune.environment import collect_environment, usable_cores
-from infertune.measure import measure_interleaved
+from infertune.pipeline.timing import measure_interleaved
+from infertune.system.environment import (
+    collect_environment,
+    usable_cores,
+)
 
 TARGET = 1.05  # infertune at most this much below the best by-hand runtime, in samples/s
 

@@ -35,7 +35,10 @@ import numpy as np
 import production
 
 import infertune
-from infertune.measure import measure_interleaved, warm_up
+from infertune.pipeline.timing import (
+    measure_interleaved,
+    warm_up,
+)
 
 
 def main() -> None:

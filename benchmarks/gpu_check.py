@@ -165,8 +165,8 @@ def run(packages: Path, out: Path) -> None:
     import infertune
 
     summary: dict = {"host": {}, "packages": {}}
-    from infertune.environment import collect_environment
     from infertune.pipeline.packaging import Package
+    from infertune.system.environment import collect_environment
 
     environment = collect_environment()
     summary["host"] = {

@@ -6,11 +6,12 @@ quantized throughout, it is at most SEARCH_FASTER times as slow as the fastest c
 verified; each layer kept in float32 slows it, and by how much decides whether a candidate a
 little faster throughout can stay faster once it keeps some. Per model of the precision
 benchmark (trained, from its cache: run benchmarks/precision.py once first), the layers are
-ranked as the search ranks them (pipeline/precision.py `ranking_inputs`, export/onnx_int8.py
+ranked as the search ranks them (pipeline/precision.py `ranking_inputs`,
+backends/onnxruntime/quantize.py
 `layer_errors`), each candidate is prepared as optimize() prepares it (the same backends,
 calibrated on the benchmark's 128 calibration samples) throughout and with the first
 `--kept` layers kept, and every variant is timed interleaved at batch 1 on the sample
-(infertune.measure.measure_interleaved; `--rounds` repetitions). Reported: each variant's
+(infertune.pipeline.timing.measure_interleaved; `--rounds` repetitions). Reported: each variant's
 p50 and its ratio to the same candidate throughout.
 
     python benchmarks/kept_layers.py --models resnet50-224,bert-encoder --kept 2 --rounds 2
@@ -33,8 +34,8 @@ CANDIDATES = ("openvino-cpu-int8", "litert-int8", "onnxruntime-cpu-int8-static")
 
 def ranked_layers(target) -> list[str]:
     """The layers (name scopes) in the order infertune's search keeps them in float32
-    (pipeline/precision.py `ranking_inputs`, export/onnx_int8.py `layer_errors`)."""
-    from infertune.export.onnx_int8 import layer_errors
+    (pipeline/precision.py `ranking_inputs`, backends/onnxruntime/quantize.py `layer_errors`)."""
+    from infertune.backends.onnxruntime.quantize import layer_errors
     from infertune.pipeline.precision import ranking_inputs
 
     errors = layer_errors(*ranking_inputs(target))
@@ -42,8 +43,8 @@ def ranked_layers(target) -> list[str]:
 
 
 def one_model(name: str, kept: int, rounds: int, budget: float, cache: Path) -> None:
-    from infertune.backends import BACKENDS
-    from infertune.measure import measure_interleaved
+    from infertune.backends.registry import BACKENDS
+    from infertune.pipeline.timing import measure_interleaved
 
     model, data = precision.cached_model(name, cache)
     calibration = data.x("calibration")

@@ -26,7 +26,7 @@ small models of the same shapes (a smoke test of the script, seconds each). `--m
 kills a model's child whose memory passes it (on a machine shared with other work), and
 sets INFERTUNE_MEMORY_BYTES in the child (unless set) to what it leaves above the model
 built, so that optimize() skips what would not fit instead. `--lean-allocators` starts the
-children with infertune.resources.LEAN_ALLOCATORS (one glibc arena, the system allocator
+children with infertune.system.resources.LEAN_ALLOCATORS (one glibc arena, the system allocator
 under oneDNN), which keep less of what the conversions used.
 
 Prints one markdown table (for docs/benchmarks.md) with the machine's memory.
@@ -46,7 +46,11 @@ import time
 from pathlib import Path
 
 from infertune.errors import one_line
-from infertune.resources import LEAN_ALLOCATORS, high_water_mark, tree_rss_bytes
+from infertune.system.resources import (
+    LEAN_ALLOCATORS,
+    high_water_mark,
+    tree_rss_bytes,
+)
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -213,7 +217,7 @@ def by_hand_export(name: str, quick: bool, directory: Path, out: Path) -> None:
     # as infertune registers them: without, the by-hand model has an Erfc node ONNX Runtime
     # cannot load; the comparison is of the runtimes, not of tf2onnx's coverage.
     import infertune.export.tf2onnx_ops  # noqa: F401
-    from infertune.resources import release_freed_memory
+    from infertune.system.resources import release_freed_memory
 
     model, sample, weights = build(name, quick)
     model(sample)
@@ -267,7 +271,7 @@ def child(name: str, quick: bool, by_hand: dict | None, out: Path, max_gb: float
     import tensorflow as tf
 
     import infertune
-    from infertune.resources import release_freed_memory
+    from infertune.system.resources import release_freed_memory
 
     model, sample, weights = build(name, quick)
     model(sample)  # built and called once, as a user's model is

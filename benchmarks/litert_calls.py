@@ -26,7 +26,10 @@ import numpy as np
 
 import infertune
 from infertune.demo import demo_model
-from infertune.measure import measure_interleaved, warm_up
+from infertune.pipeline.timing import (
+    measure_interleaved,
+    warm_up,
+)
 
 
 def main() -> None:

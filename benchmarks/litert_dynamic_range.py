@@ -3,7 +3,8 @@
 Dynamic-range int8 (`litert-dynamic-int8`) keeps the activations in float32 and quantizes each
 quantized op's input at every call; full int8 (`litert-int8`) runs int8 from the input to the
 output on calibrated ranges. Which is faster depends on the model: this converts each model the
-way infertune does (export/tflite.py: the float32 conversion, the dynamic-range one, full int8
+way infertune does (backends/litert/convert.py: the float32 conversion, the dynamic-range one, full
+int8
 calibrated on 32 samples) and times the three with XNNPACK on every core, batch 1, interleaved
 over the rounds; p50 per call and the ratios. The precision benchmark's trained models come
 from its cache (run benchmarks/precision.py once first); `resnet50-224-random` and
@@ -58,7 +59,10 @@ def model_and_inputs(name: str, cache: Path):
 
 def conversions(model, calibration: np.ndarray) -> tuple[dict[str, bytes], float | None]:
     """Each way's flatbuffer, made as infertune makes it, and the model's GFLOP per call."""
-    from infertune.export.tflite import convert_free, convert_int8
+    from infertune.backends.litert.convert import (
+        convert_free,
+        convert_int8,
+    )
     from infertune.pipeline.diagnosis import trace_and_count
 
     target = target_of(model, calibration[:1])

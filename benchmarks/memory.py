@@ -7,7 +7,7 @@ Two fresh processes, each building the demo model and calling it once before it 
 resident memory (VmRSS): one runs optimize() over every candidate, the other optimize() with
 only the candidate the first one chose. What the first process holds beyond the second is what
 the rejected candidates left behind. Both also report the temporary files left by optimize().
-A third process runs every candidate with the final heap trim turned off (resources.py) and
+A third process runs every candidate with the final heap trim turned off (system/resources.py) and
 trims once optimize() has returned: the difference is what the trim hands back to the OS.
 `--model dense-100` is three Dense layers holding 100 MB of weights: what stays behind should
 not grow with the model.
@@ -30,11 +30,11 @@ tmp = tempfile.mkdtemp(prefix="memory-bench-")
 tempfile.tempdir = tmp  # every temporary file infertune writes lands here
 import numpy as np
 import infertune
-import infertune.resources
+import infertune.system.resources
 from infertune.demo import demo_model
 
 if {no_trim!r}:  # what optimize() would hold without handing freed heap back to the OS
-    infertune.resources._malloc_trim = lambda: None
+    infertune.system.resources._malloc_trim = lambda: None
 
 def rss_mb():
     # resident memory: all of it, and the anonymous part (heap, not library code)
@@ -73,7 +73,7 @@ for backends in {runs!r}:  # one optimize() per entry, in this one process
         trimmed.append(rss_mb())
     chosen.append(opt.backend)
     del opt
-    infertune.resources.release_freed_memory()
+    infertune.system.resources.release_freed_memory()
     dropped.append(rss_mb())  # what the run left behind once its result is gone
 left = sorted(os.listdir(tmp))
 print(json.dumps({{"before_mb": before, "after_mb": after, "dropped_mb": dropped,
@@ -127,7 +127,7 @@ def per_candidate(model: str, batch: int | None, rounds: int = 2) -> list[dict]:
     `rounds` rounds; the anonymous memory each run left behind once its result was dropped.
     The first round shows what each runtime keeps once it has run; later rounds, whether
     anything grows with every call."""
-    from infertune.backends import BACKENDS
+    from infertune.backends.registry import BACKENDS
 
     names = [
         name

@@ -51,9 +51,12 @@ def tune_one(name: str, side: int) -> None:
 
 def estimates(record: Path, weights: int) -> dict:
     """What the record predicts for the ONNX export of a model of `weights` bytes."""
-    from infertune.environment import collect_environment, fingerprint
-    from infertune.machine import MachineRecord
+    from infertune.pipeline.machine import MachineRecord
     from infertune.pipeline.memory import LEARN_PER_BYTE_MIN_BYTES, conversion_bytes
+    from infertune.system.environment import (
+        collect_environment,
+        fingerprint,
+    )
 
     os.environ["INFERTUNE_MACHINE_FILE"] = str(record)
     machine = MachineRecord(fingerprint(collect_environment()))

@@ -2,9 +2,9 @@
 model's accuracy, by the number of samples it collects statistics on.
 
 infertune gives NNCF the first 32 calibration samples on a graph without attention and 128
-on a transformer-shaped one (export/openvino_int8.py). Per model of the precision benchmark
+on a transformer-shaped one (backends/openvino/quantize.py). Per model of the precision benchmark
 (trained, from its cache: run benchmarks/precision.py once first), this quantizes infertune's
-ONNX export with each count, every sample given used (export/openvino_int8.py
+ONNX export with each count, every sample given used (backends/openvino/quantize.py
 `quantize_for_openvino`, nothing recorded between them), interleaved over the rounds, and
 reports the seconds and the int8 model's accuracy on the gate and test splits (OpenVINO with
 f32 inference precision, as the candidates compile it; batches of 32):
@@ -41,7 +41,7 @@ def one_model(name: str, counts: list[int], rounds: int, cache: Path) -> None:
     import openvino
     import openvino.properties.hint as hints
 
-    from infertune.export import openvino_int8
+    from infertune.backends.openvino import quantize as openvino_int8
     from infertune.export.onnx import convert_to_onnx
 
     model, data = precision.cached_model(name, cache)

@@ -6,10 +6,10 @@ the gate (3.2 points lost by hand), and infertune's search passes it with five l
 in float32, 1.3-1.4x slower than throughout. Per model (trained, from the benchmark's cache:
 run benchmarks/precision.py once first), this quantizes infertune's ONNX export with
 `nncf.quantize` under each setting below (128 calibration samples, the transformer rules where
-the graph has attention, as export/openvino_int8.py does), judges each on the gate split by
+the graph has attention, as backends/openvino/quantize.py does), judges each on the gate split by
 infertune's gate (infertune.accuracy.judge_metric: max_drop=0.01, 95% paired bootstrap bound)
 and on the test split, counts the gate samples whose verdict changed, then times every one
-at batch 1, interleaved with OpenVINO in float32 (infertune.measure.measure_interleaved).
+at batch 1, interleaved with OpenVINO in float32 (infertune.pipeline.timing.measure_interleaved).
 Layers kept are infertune's ranking's first (pipeline/precision.py `ranking_inputs`).
 Besides NNCF's post-training quantization, int8 weights alone (`nncf.compress_weights`, no
 calibration), with the activations in float32 or quantized by OpenVINO at every call
@@ -68,7 +68,7 @@ def quantize(exported, feeds, alpha, extra: dict, keep: list[str], transformer: 
         AdvancedSmoothQuantParameters,
     )
 
-    from infertune.export.onnx_int8 import keep_pattern
+    from infertune.backends.onnxruntime.quantize import keep_pattern
 
     arguments = dict(extra)
     if "preset" in arguments:
@@ -96,10 +96,10 @@ def one_model(name: str, budget: float, cache: Path, chosen: list[str]) -> None:
     import openvino.properties.hint as hints
 
     from infertune.accuracy import Accuracy, judge_metric
+    from infertune.backends.openvino.quantize import transformer_shaped
     from infertune.export.onnx import convert_to_onnx
-    from infertune.export.openvino_int8 import transformer_shaped
-    from infertune.measure import measure_interleaved
-    from infertune.quiet import stdout_silenced
+    from infertune.pipeline.timing import measure_interleaved
+    from infertune.system.quiet import stdout_silenced
 
     nncf.set_log_level(logging.ERROR)
     model, data = precision.cached_model(name, cache)

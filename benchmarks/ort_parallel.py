@@ -22,8 +22,8 @@ import onnxruntime
 from timing import ONNXRUNTIME_COOLDOWN_S, machine_description, measure_runners
 
 from infertune.demo import demo_model
-from infertune.environment import collect_environment
 from infertune.export.onnx import parallel_width
+from infertune.system.environment import collect_environment
 
 
 def branches(seed: int = 0):

@@ -901,7 +901,7 @@ def run_model(
     import tensorflow as tf
 
     import infertune
-    from infertune.environment import precision_instructions
+    from infertune.system.environment import precision_instructions
 
     spec = MODELS[name]
     data = Data(spec.task(quick), spec.inputs(quick))
@@ -1089,7 +1089,10 @@ def fates(results: list[dict]) -> str:
 
 def check_model(r: dict) -> list[tuple[bool, str]]:
     """One model's targets, (met, words) each."""
-    from infertune.environment import BF16_FLAGS, INT8_DOT_FLAGS
+    from infertune.system.environment import (
+        BF16_FLAGS,
+        INT8_DOT_FLAGS,
+    )
 
     name, spec = r["model"], MODELS[r["model"]]
     if "error" in r:
@@ -1238,7 +1241,7 @@ def main() -> int:
         results.append(
             run_in_child(__file__, name, child_args + ["--quick"] * args.quick, args.model_timeout)
         )
-    from infertune.environment import collect_environment
+    from infertune.system.environment import collect_environment
 
     env = collect_environment()
     targets = check_targets(results, args.quick)

@@ -563,7 +563,7 @@ def main() -> int:
                 args.model_timeout,
             )
         )
-    from infertune.environment import collect_environment
+    from infertune.system.environment import collect_environment
 
     env = collect_environment()
     targets = check_targets(results)

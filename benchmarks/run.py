@@ -44,7 +44,7 @@ from timing import (
 
 import infertune
 from infertune.demo import demo_model
-from infertune.environment import collect_environment
+from infertune.system.environment import collect_environment
 
 CASES = {  # case -> (demo model, batch)
     "small-cnn-b1": ("small-cnn", 1),

@@ -1,7 +1,8 @@
 """LiteRT's full int8 ranges: TFLite's calibrator against infertune's range pass.
 
 `litert-int8` quantizes the float32 TFLite conversion on activation ranges measured on the
-first 32 calibration samples (export/tflite.py `_calibrated`). TFLite's calibrator runs the
+first 32 calibration samples (backends/litert/convert.py `_calibrated`). TFLite's calibrator runs
+the
 model one sample at a time in its interpreter, on one core; infertune's range pass runs it
 with XNNPACK, every tensor an op reads or writes made an output (`_ranged`). Per model of the
 precision benchmark (trained, from its cache: run benchmarks/precision.py once first), this
@@ -30,9 +31,9 @@ WAYS = ("calibrator", "range pass")
 
 def target_of(model, sample):
     """The Target optimize(model, sample) builds: what every conversion starts from."""
-    from infertune.inputs import build_signature
-    from infertune.models import load_model
-    from infertune.target import Target
+    from infertune.model.inputs import build_signature
+    from infertune.model.source import load_model
+    from infertune.model.target import Target
 
     source = load_model(model)
     signature, flat = build_signature(sample, source.declared_inputs, source.default_float)
@@ -42,7 +43,7 @@ def target_of(model, sample):
 
 def ranged(flatbuffer: bytes, samples, way: str) -> tuple[bytes, float]:
     """The flatbuffer with its ranges measured `way`, and the seconds it took."""
-    from infertune.export import tflite
+    from infertune.backends.litert import convert as tflite
 
     measure = tflite._ranged if way == "range pass" else tflite._calibrator_ranged
     start = time.perf_counter()
@@ -70,8 +71,8 @@ def int8_predictions(content: bytes, xs: np.ndarray) -> np.ndarray:
 def one_model(name: str, rounds: int, cache: Path) -> None:
     from tensorflow.lite.python import convert, lite
 
-    from infertune.datasets import calibration_batches
-    from infertune.export import tflite
+    from infertune.backends.litert import convert as tflite
+    from infertune.precision.data import calibration_batches
 
     model, data = precision.cached_model(name, cache)
     sample = data.x("test")[:1]

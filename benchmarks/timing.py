@@ -17,8 +17,12 @@ from pathlib import Path
 
 import numpy as np
 
-from infertune.backends.onnxruntime import OnnxRuntimeCpu
-from infertune.measure import MeasureResult, measure_interleaved, warm_up
+from infertune.backends.onnxruntime.cpu import OnnxRuntimeCpu
+from infertune.pipeline.timing import (
+    MeasureResult,
+    measure_interleaved,
+    warm_up,
+)
 
 EXACT_RTOL = 1e-3  # infertune's default tolerance: what "exact" means for a by-hand default
 

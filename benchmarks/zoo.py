@@ -530,7 +530,7 @@ def main() -> int:
         print(f"[zoo] {name} ({len(results) + 1} of {len(names)})", file=sys.stderr, flush=True)
         budget = ["--budget", str(args.budget)]
         results.append(run_in_child(__file__, name, budget, args.model_timeout))
-    from infertune.environment import collect_environment
+    from infertune.system.environment import collect_environment
 
     env = collect_environment()
     targets = check_targets(results)

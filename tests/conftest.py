@@ -31,13 +31,13 @@ import tempfile
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 # What runs learn about the machine (its peak, tuning costs) goes to a file of this test
-# session, never the user's ~/.cache (machine.py).
+# session, never the user's ~/.cache (pipeline/machine.py).
 if "INFERTUNE_MACHINE_FILE" not in os.environ:
     _machine_dir = tempfile.mkdtemp(prefix="infertune-tests-")
     atexit.register(shutil.rmtree, _machine_dir, ignore_errors=True)
     os.environ["INFERTUNE_MACHINE_FILE"] = os.path.join(_machine_dir, "machine.json")
 
-# Measure for 0.3 s instead of 5 s (settings.py): tests check correctness, benchmarks speed.
+# Measure for 0.3 s instead of 5 s (system/settings.py): tests check correctness, benchmarks speed.
 os.environ.setdefault("INFERTUNE_MEASURE_S", "0.3")
 
 import numpy as np

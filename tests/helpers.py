@@ -121,9 +121,9 @@ def assert_matches_model(model_outputs, outputs, rtol=1e-4, atol=1e-5):
 # -- what optimize() builds, outside the pipeline ---------------------------------------------
 def target_for(model, sample):
     """The Target that optimize(model, sample) builds: what every conversion starts from."""
-    from infertune.inputs import build_signature
-    from infertune.models import load_model
-    from infertune.target import Target
+    from infertune.model.inputs import build_signature
+    from infertune.model.source import load_model
+    from infertune.model.target import Target
 
     source = load_model(model)
     signature, flat = build_signature(sample, source.declared_inputs, source.default_float)

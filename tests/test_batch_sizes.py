@@ -12,7 +12,7 @@ from helpers import dense_model
 import infertune
 import infertune.backends as registry
 from infertune.backends.tf_function import TfFunction
-from infertune.measure import LatencyStats
+from infertune.pipeline.timing import LatencyStats
 from infertune.report import BatchResult, Report
 
 # Two real tf.functions of the model whose speed depends on the batch size, so that the

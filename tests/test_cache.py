@@ -86,9 +86,9 @@ def test_a_new_process_hits_the_cache_and_fingerprints_agree(tmp_path):
     """Keys must not depend on what a process makes up: layer-name and function counters, ids
     of captured variables, the hash seed. The child traces other functions first and runs
     under another PYTHONHASHSEED; a tf.Module (fingerprinted by its traced graph) must agree."""
-    from infertune.deploy.cache import model_fingerprint
-    from infertune.inputs import build_signature
-    from infertune.models import load_model
+    from infertune.model.inputs import build_signature
+    from infertune.model.source import load_model
+    from infertune.result.cache import model_fingerprint
 
     cache = tmp_path / "cache"
     infertune.optimize(dense_model(), X, backends=ORT, cache=cache, verbose=False)
@@ -105,9 +105,9 @@ def test_a_new_process_hits_the_cache_and_fingerprints_agree(tmp_path):
         sys.path.insert(0, {str(Path(__file__).parent)!r})
         import infertune
         from helpers import dense_model
-        from infertune.deploy.cache import model_fingerprint
-        from infertune.inputs import build_signature
-        from infertune.models import load_model
+        from infertune.result.cache import model_fingerprint
+        from infertune.model.inputs import build_signature
+        from infertune.model.source import load_model
 
         for _ in range(3):  # shift TensorFlow's per-process counters
             tf.function(lambda y: y + 1).get_concrete_function(tf.TensorSpec((2,), tf.float32))
@@ -135,9 +135,9 @@ def test_a_new_process_hits_the_cache_and_fingerprints_agree(tmp_path):
 def test_a_candidate_that_cannot_be_saved_is_cached_as_a_decision(tmp_path, monkeypatch):
     """A registered candidate without save_artifact (as LiteRT is today) still hits: the entry
     keeps the decision and the report, and a hit prepares that candidate again."""
-    from infertune.backends import BACKENDS
     from infertune.backends.base import Backend
-    from infertune.backends.onnxruntime import OnnxRuntimeCpu
+    from infertune.backends.onnxruntime.cpu import OnnxRuntimeCpu
+    from infertune.backends.registry import BACKENDS
 
     class Unsaveable(OnnxRuntimeCpu):
         name = "ort-unsaveable"

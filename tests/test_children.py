@@ -1,4 +1,4 @@
-"""Child processes are started one way (children.py): this interpreter, this sys.path, and a
+"""Child processes are started one way (system/children.py): this interpreter, this sys.path, and a
 time limit on whatever waits for them."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from infertune.children import (
+from infertune.system.children import (
     ChildTimeout,
     ChildUnavailable,
     child_environment,

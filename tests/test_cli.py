@@ -147,8 +147,8 @@ def test_env_says_tensorflow_candidates_need_tensorflow(monkeypatch):
     listed as available (the fake is only the missing package, as find_spec sees it)."""
     import sys as _sys
 
-    from infertune.backends import BACKENDS
     from infertune.backends.keras_eager import KerasEager
+    from infertune.backends.registry import BACKENDS
 
     monkeypatch.setitem(_sys.modules, "tensorflow", None)
     for backend in (KerasEager(), BACKENDS["tf-function"](), BACKENDS["tf-xla"]()):

@@ -17,8 +17,11 @@ from helpers import dense_model, needs_onnxruntime
 
 import infertune
 from infertune.cli import main
-from infertune.compare import compare, load_report
 from infertune.report import Report
+from infertune.report.compare import (
+    compare,
+    load_report,
+)
 
 pytestmark = needs_onnxruntime
 

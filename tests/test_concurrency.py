@@ -14,13 +14,16 @@ import pytest
 from helpers import dict_model, dict_sample
 
 import infertune
-from infertune.backends import BACKENDS
 from infertune.backends.base import Backend
-from infertune.measure import LatencyStats, measure_interleaved
+from infertune.backends.registry import BACKENDS
 from infertune.options import Options
 from infertune.pipeline.measuring import concurrency_note
-from infertune.progress import Progress
+from infertune.pipeline.timing import (
+    LatencyStats,
+    measure_interleaved,
+)
 from infertune.report import CandidateResult
+from infertune.report.progress import Progress
 
 THREADS, CALLS = 8, 200
 

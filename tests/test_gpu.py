@@ -26,13 +26,31 @@ import pytest
 from helpers import dense_model
 
 import infertune
-from infertune.backends import BACKENDS, GPU_BACKENDS
-from infertune.backends.onnxruntime_gpu import OnnxRuntimeCuda, OnnxRuntimeCudaFp16
-from infertune.backends.tensorrt import build_settings, host_shape
-from infertune.environment import gpu_devices, install_hint, package_version
+from infertune.backends.onnxruntime.cuda import (
+    OnnxRuntimeCuda,
+    OnnxRuntimeCudaFp16,
+)
+from infertune.backends.registry import (
+    BACKENDS,
+    GPU_BACKENDS,
+)
+from infertune.backends.tensorrt.engine import (
+    build_settings,
+    host_shape,
+)
 from infertune.export.onnx import OnnxExport
 from infertune.export.onnx_fp16 import float16_export, float16_onnx
-from infertune.gpu import (
+from infertune.model.inputs import (
+    InputSignature,
+    InputSpec,
+)
+from infertune.model.structure import flatten
+from infertune.system.environment import (
+    gpu_devices,
+    install_hint,
+    package_version,
+)
+from infertune.system.gpu import (
     NO_GPU,
     GpuFacts,
     Profile,
@@ -45,7 +63,7 @@ from infertune.gpu import (
     reason_unavailable,
     tensorrt_major,
 )
-from infertune.gpu_libraries import (
+from infertune.system.gpu_libraries import (
     elf_needed,
     find_library,
     installed_by,
@@ -54,8 +72,6 @@ from infertune.gpu_libraries import (
     preload_cuda,
     preload_tensorrt,
 )
-from infertune.inputs import InputSignature, InputSpec
-from infertune.structure import flatten
 
 GPU_CANDIDATES = [
     "onnxruntime-cuda",
@@ -541,7 +557,7 @@ def test_the_float16_graph_for_tensorrt_11_runs_and_is_reduced_precision():
     import onnxruntime
     from helpers import prepared_backend
 
-    from infertune.backends.onnxruntime import OnnxRuntimeCpu
+    from infertune.backends.onnxruntime.cpu import OnnxRuntimeCpu
 
     model = dense_model()
     x = np.random.default_rng(2).standard_normal((4, 6)).astype("float32")
@@ -568,7 +584,7 @@ def test_the_float16_conversion_says_it_does_not_read_external_data(tmp_path):
         float16_export(exported)
 
 
-# The TensorRT names backends/tensorrt.py calls, checked against the installed bindings.
+# The TensorRT names backends/tensorrt/engine.py calls, checked against the installed bindings.
 TENSORRT_CALLS = {
     "Logger": ("ERROR",),
     "Runtime": ("deserialize_cuda_engine",),
@@ -608,7 +624,7 @@ def test_tensorrt_calls_exist_in_the_installed_bindings():
 
 def test_cuda_python_calls_exist_and_report_errors_as_values():
     runtime = pytest.importorskip("cuda.bindings.runtime", reason="cuda-python is not installed")
-    from infertune.backends.tensorrt import _checked
+    from infertune.backends.tensorrt.engine import _checked
 
     for name in ("cudaMalloc", "cudaFree", "cudaMemcpyAsync", "cudaStreamCreate"):
         assert callable(getattr(runtime, name))

@@ -7,8 +7,11 @@ import pytest
 from helpers import dense_model, dict_model, dict_sample
 
 import infertune
-from infertune.inputs import build_signature
-from infertune.structure import Structure, flatten
+from infertune.model.inputs import build_signature
+from infertune.model.structure import (
+    Structure,
+    flatten,
+)
 
 
 @pytest.fixture(scope="module")

@@ -167,10 +167,10 @@ PARENT = """
 import sys
 import numpy as np
 from crashing_backends import HangsAtCompile
-from infertune.inputs import build_signature
+from infertune.model.inputs import build_signature
 from infertune.pipeline.isolation import Isolation
-from infertune.structure import flatten
-from infertune.target import Target
+from infertune.model.structure import flatten
+from infertune.model.target import Target
 
 x = np.zeros((2, 3), np.float32)
 signature, sample = build_signature(x, None, np.float32)

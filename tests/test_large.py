@@ -26,7 +26,7 @@ from helpers import (
 import infertune
 from infertune.export.onnx import DATA_FILE, ONNX_FILE
 from infertune.export.registry import export_onnx
-from infertune.resources import LEAN_ALLOCATORS
+from infertune.system.resources import LEAN_ALLOCATORS
 
 
 def recommender(seed: int = 0):
@@ -165,7 +165,7 @@ def test_the_large_tflite_conversion_never_loads_the_saved_model_in_python(large
     import tensorflow as tf
     from tensorflow.lite.python import lite
 
-    from infertune.backends.litert import LiteRT
+    from infertune.backends.litert.backend import LiteRT
 
     def load(*args, **kwargs):
         raise AssertionError("the SavedModel was loaded in Python")
@@ -182,7 +182,7 @@ def test_the_large_tflite_conversion_never_loads_the_saved_model_in_python(large
 
 
 def test_a_candidate_memory_cannot_hold_is_skipped_with_the_estimate(monkeypatch, rng):
-    from infertune.sizes import MEMORY_RESERVE_BYTES as MEMORY_RESERVE
+    from infertune.model.sizes import MEMORY_RESERVE_BYTES as MEMORY_RESERVE
 
     # The candidates may hold 1 KB in all: nothing that copies the weights fits, while
     # tf-function (the model's own variables) does.
@@ -211,7 +211,7 @@ class _Slow:
     def make(cls, name: str, sleep_s: float):
         import time
 
-        from infertune.backends import TfFunction
+        from infertune.backends.tf_function import TfFunction
 
         class Slow(TfFunction):
             memory_factor = 1.0
@@ -324,7 +324,7 @@ def test_a_large_model_calls_tf_function_after_the_conversions(monkeypatch, rng)
     the export froze it made TensorFlow copy the variable (the 2.46 GB recommender's table,
     in copy-on-read mode) and keep the copy to the end. The export takes a second more, long
     enough for a call beside it to be seen."""
-    from infertune.backends import TfFunction
+    from infertune.backends.tf_function import TfFunction
 
     report, first_call, export_ended = _first_call_and_export_end(
         monkeypatch, rng, TfFunction, export_delay_s=1.0
@@ -341,7 +341,7 @@ def test_a_large_model_is_not_checked_under_concurrent_callers(monkeypatch, rng)
     model's choice is not measured again under several callers."""
     import threading
 
-    from infertune.backends import TfFunction
+    from infertune.backends.tf_function import TfFunction
 
     monkeypatch.setenv("INFERTUNE_HOLD_ALL_BYTES", "1")
     lock, running, most = threading.Lock(), [0], [0]
@@ -381,7 +381,7 @@ def test_a_large_model_is_not_checked_under_concurrent_callers(monkeypatch, rng)
 
 
 def test_xla_is_skipped_for_the_memory_its_compile_takes(monkeypatch, rng):
-    from infertune.sizes import MEMORY_RESERVE_BYTES as MEMORY_RESERVE
+    from infertune.model.sizes import MEMORY_RESERVE_BYTES as MEMORY_RESERVE
 
     # Room for 1x the weights (about 800 bytes), not for XLA's compile.
     monkeypatch.setenv("INFERTUNE_MEMORY_BYTES", str(MEMORY_RESERVE + 1000))
@@ -398,8 +398,8 @@ def test_a_conversion_memory_is_measured_learned_and_used(monkeypatch, rng, tmp_
     run's memory estimate uses what was learned instead of the built-in factor."""
     import json
 
-    from infertune import sizes
-    from infertune.sizes import MEMORY_RESERVE_BYTES as MEMORY_RESERVE
+    from infertune.model import sizes
+    from infertune.model.sizes import MEMORY_RESERVE_BYTES as MEMORY_RESERVE
 
     monkeypatch.setattr(sizes, "WATCHED_MIN_BYTES", 0)  # every model counts
     machine = tmp_path / "machine.json"
@@ -437,8 +437,8 @@ def test_a_record_learned_on_small_models_does_not_shut_a_large_one_out(monkeypa
     Runtime where its export peaked at 1.1x."""
     import json
 
+    from infertune.model.sizes import MEMORY_RESERVE_BYTES as MEMORY_RESERVE
     from infertune.pipeline import memory
-    from infertune.sizes import MEMORY_RESERVE_BYTES as MEMORY_RESERVE
 
     monkeypatch.setattr(memory, "LEARN_PER_BYTE_MIN_BYTES", 50_000)
     machine = tmp_path / "machine.json"
@@ -472,7 +472,7 @@ def test_a_large_tflite_flatbuffer_lives_in_a_file_of_its_own(large, rng, tmp_pa
     interpreter maps, removed with the conversion; a saved result carries it."""
     import gc
 
-    from infertune.export.tflite import convert
+    from infertune.backends.litert.convert import convert
 
     model, sample = recommender(), recommender_sample(rng)
     converted = convert(target_for(model, sample))
@@ -519,8 +519,8 @@ def test_a_conversion_past_the_child_threshold_runs_in_a_child_whose_peak_is_cou
     """Past CHILD_CONVERSION_MIN_BYTES the TFLite conversion runs in a child process (what
     TensorFlow's allocators keep stays there): the same outputs, its peak in the report's,
     and the converter's own error where it fails."""
-    from infertune import sizes
-    from infertune.export import tflite_child
+    from infertune.backends.litert import child as tflite_child
+    from infertune.model import sizes
 
     monkeypatch.setattr(sizes, "CHILD_CONVERSION_MIN_BYTES", 0)
     monkeypatch.setattr(sizes, "WATCHED_MIN_BYTES", 0)  # conversions' peaks kept
@@ -549,7 +549,7 @@ def test_a_conversion_past_the_child_threshold_runs_in_a_child_whose_peak_is_cou
 
     # What the child held is learned under a name of its own, and estimated from it: an
     # in-process conversion's copies (as if each held a billion here) do not skip it.
-    from infertune.sizes import MEMORY_RESERVE_BYTES as MEMORY_RESERVE
+    from infertune.model.sizes import MEMORY_RESERVE_BYTES as MEMORY_RESERVE
 
     machine_file = tmp_path / "machine.json"
     machine = json.loads(machine_file.read_text())

@@ -19,10 +19,13 @@ from helpers import (
 )
 
 import infertune
-from infertune.backends.litert import LiteRT, _output_order
-from infertune.environment import install_hint
-from infertune.export.tflite import input_order
-from infertune.target import Target
+from infertune.backends.litert.backend import (
+    LiteRT,
+    _output_order,
+)
+from infertune.backends.litert.convert import input_order
+from infertune.model.target import Target
+from infertune.system.environment import install_hint
 
 # XNNPACK's float32 kernels sum in another order than TensorFlow's: round-off near 1e-7
 # relative on outputs of order 1. 1e-5 leaves 100x room for that and is still 100x below
@@ -124,7 +127,7 @@ def test_xnnpack_runs_the_float_ops():
 
 @needs_litert
 def test_the_sample_shape_runs_a_model_converted_at_that_shape(tmp_path):
-    from infertune.structure import flatten
+    from infertune.model.structure import flatten
 
     model = flatten_cnn()
     sample = np.random.default_rng(0).random((4, 8, 8, 1), dtype=np.float32)
@@ -228,8 +231,8 @@ def test_the_conversion_is_the_converters_own_byte_for_byte():
     import keras
     import tensorflow as tf
 
-    from infertune.export import tflite
-    from infertune.models import tensor_specs
+    from infertune.backends.litert import convert as tflite
+    from infertune.model.source import tensor_specs
 
     sample = dict_sample(np.random.default_rng(0))
     base = dict_model()

@@ -17,8 +17,8 @@ from helpers import (
     prepared_backend,
 )
 
-from infertune.backends import litert
-from infertune.backends.litert import LiteRT
+from infertune.backends.litert import backend as litert
+from infertune.backends.litert.backend import LiteRT
 
 pytestmark = needs_litert
 

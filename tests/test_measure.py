@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from infertune.measure import (
+from infertune.pipeline.timing import (
     EARLY_RACE_RATIO,
     RACE_RATIO,
     RACE_ROUNDS,

@@ -11,7 +11,7 @@ import pytest
 from helpers import assert_matches_model, dense_model, target_for
 
 import infertune
-from infertune.backends.onnxruntime import (
+from infertune.backends.onnxruntime.cpu import (
     OnnxRuntimeCpuInt8,
     OrtSettings,
     onnxruntime_cpu_variants,
@@ -103,7 +103,7 @@ def test_int8_is_off_by_default_and_judged_by_agreement_not_the_tolerance(tmp_pa
 
     # What it ran is saved with its settings named, and its weights are 7-bit per channel: the
     # setting that keeps int16 pair sums from saturating on CPUs without VNNI (see
-    # backends/onnxruntime.py), checked in the model file, not through an error level.
+    # backends/onnxruntime/cpu.py), checked in the model file, not through an error level.
     loose.save(tmp_path / "int8")
     manifest = json.loads((tmp_path / "int8" / "manifest.json").read_text())
     assert manifest["backends"][0]["settings"]["quantization"] == {
@@ -136,7 +136,7 @@ def test_gelu_converts_through_the_erfc_handler():
 
 
 def test_spinning_sessions_declare_a_cooldown_and_nospin_is_a_variant():
-    from infertune.backends.onnxruntime import OnnxRuntimeCpu
+    from infertune.backends.onnxruntime.cpu import OnnxRuntimeCpu
 
     assert "onnxruntime-cpu:nospin" in onnxruntime_cpu_variants()
     nospin = OrtSettings(allow_spinning=False)

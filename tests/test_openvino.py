@@ -15,13 +15,16 @@ from helpers import (
 )
 
 import infertune
-from infertune.backends import openvino as openvino_backend
 from infertune.backends.base import RunFacts
-from infertune.backends.openvino import OpenVinoCpu, OpenVinoCpuBf16
-from infertune.environment import install_hint
-from infertune.inputs import build_signature
-from infertune.models import load_model
-from infertune.target import Target
+from infertune.backends.openvino import cpu as openvino_backend
+from infertune.backends.openvino.cpu import (
+    OpenVinoCpu,
+    OpenVinoCpuBf16,
+)
+from infertune.model.inputs import build_signature
+from infertune.model.source import load_model
+from infertune.model.target import Target
+from infertune.system.environment import install_hint
 
 # An fp32 run differs from TensorFlow's only in summation order: a few float32 ulps (1.2e-7
 # each) on these tiny models. 1e-5 leaves ~100x headroom and is ~400x below bf16's error.

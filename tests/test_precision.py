@@ -125,7 +125,7 @@ def test_litert_dynamic_range_is_not_tried_beside_full_int8_on_a_large_convoluti
     is, with the reason; tried where it is the only int8 candidate, or without calibration."""
     import keras
 
-    from infertune.backends.litert import LARGE_FLOPS
+    from infertune.backends.litert.backend import LARGE_FLOPS
 
     keras.utils.set_random_seed(0)
     model = keras.Sequential(
@@ -177,7 +177,10 @@ def test_dynamic_int8_is_kept_for_dense_models_and_skipped_for_convolutions(
 
 @needs_openvino
 def test_bf16_is_judged_by_agreement_without_accuracy(classifier, digits):
-    from infertune.environment import BF16_FLAGS, precision_instructions
+    from infertune.system.environment import (
+        BF16_FLAGS,
+        precision_instructions,
+    )
 
     opt = infertune.optimize(
         classifier, digits["validation"][0][:2], backends=["openvino-cpu-bf16"],
@@ -264,9 +267,10 @@ def test_litert_keeps_the_broken_layer_in_float32_calibrating_once(
     broken_by_one_layer, digits, monkeypatch
 ):
     """LiteRT's full int8 with the huge-range layer kept in float32 passes; every search step
-    quantizes the ranges the first calibration measured (export/tflite.py `_calibrated`): the
+    quantizes the ranges the first calibration measured (backends/litert/convert.py `_calibrated`):
+    the
     model runs on the samples once, not once or twice per step."""
-    from infertune.export import tflite
+    from infertune.backends.litert import convert as tflite
 
     calibrations = []
     measure = tflite._ranged
@@ -290,7 +294,8 @@ def test_static_int8_keeping_layers_reads_the_first_calibrations_ranges(
     classifier, digits, monkeypatch
 ):
     """ONNX Runtime's static int8 with layers kept in float32 (a search step) reads the ranges
-    its first calibration with that method found (export/onnx_int8.py): the same model, byte
+    its first calibration with that method found (backends/onnxruntime/quantize.py): the same
+    model, byte
     for byte, as quantizing afresh with those layers kept, and the model runs on the samples
     once per method, not once per step."""
     import dataclasses
@@ -298,8 +303,11 @@ def test_static_int8_keeping_layers_reads_the_first_calibrations_ranges(
 
     from helpers import target_for
 
+    from infertune.backends.onnxruntime.quantize import (
+        layer_scopes,
+        quantize_static_int8,
+    )
     from infertune.export.onnx import convert_to_onnx
-    from infertune.export.onnx_int8 import layer_scopes, quantize_static_int8
 
     quantize = importlib.import_module("onnxruntime.quantization.quantize")  # the module
     calibrations = []
@@ -405,8 +413,8 @@ def test_layers_kept_in_float32_reuse_the_statistics_nncf_collected(
     from helpers import target_for
     from nncf.quantization.algorithms import pipeline
 
+    from infertune.backends.openvino.quantize import quantize_for_openvino
     from infertune.export.onnx import convert_to_onnx
-    from infertune.export.openvino_int8 import quantize_for_openvino
 
     attention = _attention_model()
     sequences = np.random.default_rng(0).standard_normal((24, 8, 16)).astype("float32")
@@ -462,13 +470,13 @@ def test_an_attention_model_is_quantized_without_smoothquant_as_the_other_method
     import openvino
     from helpers import target_for
 
-    from infertune.backends.openvino import OpenVinoCpuInt8
-    from infertune.export.onnx import convert_to_onnx
-    from infertune.export.openvino_int8 import (
+    from infertune.backends.openvino.cpu import OpenVinoCpuInt8
+    from infertune.backends.openvino.quantize import (
         SMOOTH_QUANT_OFF,
         SMOOTH_QUANT_ON,
         quantize_for_openvino,
     )
+    from infertune.export.onnx import convert_to_onnx
 
     attention = _attention_model()
     x = np.random.default_rng(0).standard_normal((24, 8, 16)).astype("float32")
@@ -523,8 +531,11 @@ def test_the_models_predictions_come_from_a_float32_candidate_only_where_it_agre
     """The gate's reference predictions: by a verified float32 candidate where it gives the
     model's own on the first labelled rows (made by the model before any long work), else by
     the model."""
-    from infertune.datasets import LabelledBatch
-    from infertune.pipeline.gate import FIRST_ROWS, PrecisionData
+    from infertune.precision.data import LabelledBatch
+    from infertune.precision.gate import (
+        FIRST_ROWS,
+        PrecisionData,
+    )
 
     rng = np.random.default_rng(0)
     x, y = rng.random((24, 3)), np.arange(24) % 3
@@ -578,7 +589,7 @@ def test_the_predictions_beside_the_conversions_are_made_by_a_runtime_that_sleep
     """A session whose threads spin between calls holds both cores that the quantizers beside
     it need (benchmarks/predictions_beside.py): the predictions go to the fastest candidate
     that sleeps where it is within QUIET_WITHIN of the fastest, else to the fastest."""
-    from infertune.backends import BACKENDS
+    from infertune.backends.registry import BACKENDS
     from infertune.pipeline.context import Candidate
     from infertune.pipeline.preparing import QUIET_WITHIN, _quiet_maker
     from infertune.report import CandidateResult
@@ -601,7 +612,7 @@ def _converters_int8(target, calibration) -> bytes:
     calibrator on the samples infertune's calibration takes."""
     import tensorflow as tf
 
-    from infertune.export import tflite
+    from infertune.backends.litert import convert as tflite
 
     converter, _, _ = tflite._converter(target)
     converter.optimizations = [tf.lite.Optimize.DEFAULT]
@@ -619,7 +630,8 @@ def _graph(flatbuffer: bytes):
 
 @needs_litert
 def test_tflite_full_int8_is_the_converters_own(classifier, digits, monkeypatch):
-    """export/tflite.py quantizes the shared float32 conversion itself (calibrated once, for
+    """backends/litert/convert.py quantizes the shared float32 conversion itself (calibrated once,
+    for
     every search step). With TFLite's calibrator (where infertune's range pass does not apply)
     the flatbuffer is the one TensorFlow's converter makes from the same trace with the same
     representative dataset, byte for byte; with the range pass, the same operators, tensors
@@ -628,8 +640,8 @@ def test_tflite_full_int8_is_the_converters_own(classifier, digits, monkeypatch)
     breaks this test rather than infertune's int8 results silently."""
     from helpers import target_for
 
-    from infertune.datasets import calibration_batches
-    from infertune.export import tflite
+    from infertune.backends.litert import convert as tflite
+    from infertune.precision.data import calibration_batches
 
     x = digits["validation"][0]
     target = target_for(classifier, x[:1])
@@ -659,7 +671,7 @@ def test_tflite_full_int8_is_the_converters_own(classifier, digits, monkeypatch)
 
 @needs_litert
 def test_tflite_ranges_are_the_values_the_tensors_take():
-    """The range pass (export/tflite.py `_ranged`) records each tensor's own values, the
+    """The range pass (backends/litert/convert.py `_ranged`) records each tensor's own values, the
     tensors TFLite's calibrator records: on a residual block, the branch's convolution output
     spans what that convolution gives, not the sum's range that the calibrator logs after an
     ADD run in place over it; a NaN is a clear error; control flow is left to the
@@ -667,7 +679,7 @@ def test_tflite_ranges_are_the_values_the_tensors_take():
     import keras
     import tensorflow as tf
 
-    from infertune.export import tflite
+    from infertune.backends.litert import convert as tflite
 
     keras.utils.set_random_seed(0)
     inputs = keras.Input((8, 8, 4))
@@ -738,8 +750,8 @@ def test_tflite_int8_made_in_a_worker_process_is_the_one_made_here(classifier, d
     process's ONNX export and quantizations where it is expected to take 15 s or more.)"""
     from helpers import target_for
 
-    from infertune.datasets import calibration_batches
-    from infertune.export.tflite import convert_int8
+    from infertune.backends.litert.convert import convert_int8
+    from infertune.precision.data import calibration_batches
 
     monkeypatch.setenv("INFERTUNE_TF_WORKER", "always")  # a tiny model's too
     # A budget the whole conversion passes: a layer kept in float32 would be converted here.
@@ -918,8 +930,8 @@ def test_a_quantized_result_is_judged_again_at_every_batch_size_it_serves(classi
 def test_calibration_data_is_taken_in_every_form(digits):
     import tensorflow as tf
 
-    from infertune.datasets import calibration_batches
-    from infertune.inputs import build_signature
+    from infertune.model.inputs import build_signature
+    from infertune.precision.data import calibration_batches
 
     x = digits["calibration"]
     signature, _ = build_signature(x[:1], None, np.dtype("float32"))

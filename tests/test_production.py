@@ -16,7 +16,7 @@ import pytest
 import tensorflow as tf
 
 import infertune
-from infertune.inputs import build_signature
+from infertune.model.inputs import build_signature
 
 # optimize()'s default rtol: every candidate was verified under it (relative norm).
 RTOL = 1e-3

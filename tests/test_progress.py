@@ -8,7 +8,7 @@ import numpy as np
 from helpers import dense_model
 
 import infertune
-from infertune.progress import Progress
+from infertune.report.progress import Progress
 
 
 class FakeTerminal(io.StringIO):

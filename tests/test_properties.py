@@ -9,9 +9,9 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from infertune.errors import InputError
-from infertune.inputs import build_signature
-from infertune.structure import flatten
-from infertune.verify import compare_outputs
+from infertune.model.inputs import build_signature
+from infertune.model.structure import flatten
+from infertune.model.tolerance import compare_outputs
 
 DTYPES = st.sampled_from(["float32", "float64", "int32", "int64", "uint8", "bool"])
 FEATURES = st.lists(st.integers(1, 5), min_size=0, max_size=3).map(tuple)

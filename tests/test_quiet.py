@@ -46,7 +46,7 @@ def test_stderr_without_drops_only_the_unwanted_line():
     descriptors: a new process, not pytest's capture)."""
     code = (
         "import os, re, sys\n"
-        "from infertune.quiet import stderr_without\n"
+        "from infertune.system.quiet import stderr_without\n"
         "with stderr_without(re.compile(rb'^banner\\n', re.M)):\n"
         "    os.write(2, b'before\\nbanner\\n')\n"
         "    print('from python', file=sys.stderr, flush=True)\n"

@@ -9,7 +9,13 @@ import numpy as np
 import pytest
 
 import infertune
-from infertune.backends import BACKENDS, FAMILIES, backend_class, family_of, family_rank
+from infertune.backends.registry import (
+    BACKENDS,
+    FAMILIES,
+    backend_class,
+    family_of,
+    family_rank,
+)
 from infertune.cli import build_parser
 from infertune.export import patching
 from infertune.export.registry import CONVERSIONS, shared, stage_name

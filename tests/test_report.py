@@ -9,7 +9,7 @@ import pytest
 from helpers import dense_model
 
 import infertune
-from infertune.measure import clearly_slower
+from infertune.pipeline.timing import clearly_slower
 from infertune.report import STATUSES, CandidateResult, Report
 
 
@@ -21,7 +21,7 @@ def report():
 
 @pytest.mark.slow
 def test_every_candidate_has_a_status_and_measured_numbers(report):
-    from infertune.backends import BACKENDS
+    from infertune.backends.registry import BACKENDS
 
     # Every candidate infertune knows, those that cannot run here too (with their reason).
     assert [c.name for c in report.candidates] == ["keras-eager", *BACKENDS]

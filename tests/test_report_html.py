@@ -15,7 +15,7 @@ from helpers import dense_model, needs_litert, needs_onnxruntime
 
 import infertune
 from infertune.cli import main
-from infertune.measure import LatencyStats
+from infertune.pipeline.timing import LatencyStats
 from infertune.report import CandidateResult, Report
 
 pytestmark = needs_onnxruntime

@@ -90,7 +90,7 @@ def test_pages_of_its_own_weight_files_leave_memory_and_their_data_stays(tmp_pat
     """page_out_own_files: the pages of infertune's temporary files a runtime mapped leave
     this process's resident memory; none of their data changes, a page written through a
     private mapping included; another file's pages stay."""
-    from infertune.resources import page_out_own_files
+    from infertune.system.resources import page_out_own_files
 
     size = 8 << 20
     data = np.random.default_rng(0).integers(0, 255, size, dtype=np.uint8).tobytes()
@@ -132,7 +132,7 @@ def test_pages_another_cpu_just_brought_in_leave_memory_too(residency):
     pages not yet on the LRU lists, which an madvise from this CPU does not drain: without
     the advice from every CPU, one 4 KB page of this file stayed resident in each of ten
     trials (a flatbuffer's 16 KB failed a test-suite run)."""
-    from infertune.resources import page_out_own_files
+    from infertune.system.resources import page_out_own_files
 
     cpus = sorted(os.sched_getaffinity(0))
     data = np.random.default_rng(1).integers(0, 255, (8 << 20) + 12288, dtype=np.uint8)
@@ -167,7 +167,7 @@ def test_the_peak_said_during_tuning_includes_a_conversion_the_samples_missed():
     """A spike between two samples (a converter holding the GIL) is in the peak the memory
     line gives, not only in the report's peak after the run; so is one from before a later
     conversion reset the high-water mark."""
-    from infertune.resources import (
+    from infertune.system.resources import (
         MemoryPeak,
         _rss_bytes,
         high_water_above,

@@ -102,9 +102,9 @@ def test_the_python_triton_export_publishes_the_saved_output_signature(tmp_path,
 def test_the_cache_writes_the_choice_in_the_manifest_format(tmp_path, rng, monkeypatch):
     """A decision-only cache entry (a candidate that cannot be saved) keeps the same choice
     value a saved result's manifest keeps."""
-    from infertune.backends import BACKENDS
     from infertune.backends.base import Backend
-    from infertune.backends.onnxruntime import OnnxRuntimeCpu
+    from infertune.backends.onnxruntime.cpu import OnnxRuntimeCpu
+    from infertune.backends.registry import BACKENDS
 
     class Unsaveable(OnnxRuntimeCpu):
         name = "ort-unsaveable"

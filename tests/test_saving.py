@@ -14,8 +14,11 @@ import pytest
 from helpers import dense_model, dict_model, dict_sample, needs_litert, needs_openvino
 
 import infertune
-from infertune.backends.onnxruntime import OnnxRuntimeCpu
-from infertune.inputs import InputSignature, build_signature
+from infertune.backends.onnxruntime.cpu import OnnxRuntimeCpu
+from infertune.model.inputs import (
+    InputSignature,
+    build_signature,
+)
 
 X = np.random.default_rng(7).standard_normal((5, 6)).astype("float32")
 

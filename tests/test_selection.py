@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from infertune.measure import LatencyStats, clearly_slower
 from infertune.options import Options
 from infertune.pipeline.selection import select, select_exact_shape
+from infertune.pipeline.timing import (
+    LatencyStats,
+    clearly_slower,
+)
 from infertune.report import CandidateResult
 
 

@@ -12,9 +12,9 @@ from helpers import dense_model, needs_litert
 from preprocessing_models import tabular_model, tabular_sample, text_classifier, text_sample
 
 import infertune
-from infertune.inputs import build_signature
-from infertune.models import load_model
-from infertune.splitting import find_split
+from infertune.model.inputs import build_signature
+from infertune.model.source import load_model
+from infertune.model.splitting import find_split
 
 
 def _split(model, sample):

@@ -11,7 +11,10 @@ from preprocessing_models import SENTENCES, text_classifier, text_sample
 
 import infertune
 from infertune.errors import InputError
-from infertune.inputs import InputSignature, build_signature
+from infertune.model.inputs import (
+    InputSignature,
+    build_signature,
+)
 
 
 @pytest.fixture(scope="module")
@@ -97,7 +100,7 @@ def test_values_that_are_not_strings_are_refused_with_the_kinds_handled(text_mod
 
 
 def _declared(shape, dtype):
-    from infertune.inputs import DeclaredInput
+    from infertune.model.inputs import DeclaredInput
 
     return DeclaredInput(shape, np.dtype(dtype))
 

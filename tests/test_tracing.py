@@ -18,7 +18,7 @@ RACE = textwrap.dedent(
     """
     import sys, threading
     import numpy as np, tensorflow as tf
-    from infertune.models import trace
+    from infertune.model.source import trace
     get = {"trace": trace, "plain": lambda f: f.get_concrete_function()}[sys.argv[1]]
     spec = [tf.TensorSpec([None, 16], tf.float32)]
     for round in range(int(sys.argv[2])):

@@ -9,7 +9,7 @@ from helpers import dense_model, dict_model, dict_sample, needs_litert, needs_op
 
 import infertune
 from infertune.cli import main
-from infertune.environment import install_hint
+from infertune.system.environment import install_hint
 
 model_config_pb2 = pytest.importorskip(
     "tritonclient.grpc.model_config_pb2", reason="pip install tritonclient (the test extra)"

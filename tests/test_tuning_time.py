@@ -30,14 +30,26 @@ from helpers import (
 
 import infertune
 from infertune.backends.base import Backend
-from infertune.backends.litert import LiteRT, _Interpreters, _ops
-from infertune.export.tflite import convert, reads_shapes
-from infertune.inputs import build_signature
-from infertune.machine import PEAK_EVERY, MachineRecord
-from infertune.models import load_model
+from infertune.backends.litert.backend import (
+    LiteRT,
+    _Interpreters,
+    _ops,
+)
+from infertune.backends.litert.convert import (
+    convert,
+    reads_shapes,
+)
+from infertune.model.inputs import build_signature
+from infertune.model.source import load_model
+from infertune.model.structure import flatten
+from infertune.model.target import Target
 from infertune.options import known_backends
 from infertune.pipeline.diagnosis import machine_peak
 from infertune.pipeline.isolation import CandidateCrashed, Isolation, RehearsalError
+from infertune.pipeline.machine import (
+    PEAK_EVERY,
+    MachineRecord,
+)
 from infertune.pipeline.planning import (
     Probe,
     conversion_estimate_s,
@@ -45,9 +57,7 @@ from infertune.pipeline.planning import (
     order_candidates,
 )
 from infertune.report import Report
-from infertune.stages import CANDIDATE_STAGES
-from infertune.structure import flatten
-from infertune.target import Target
+from infertune.report.stages import CANDIDATE_STAGES
 
 
 @pytest.fixture(scope="module")
@@ -172,7 +182,7 @@ def test_a_small_budget_is_kept_and_what_it_skipped_says_why(monkeypatch):
 
 
 def test_the_order_puts_the_likely_winners_first():
-    from infertune.backends import BACKENDS
+    from infertune.backends.registry import BACKENDS
 
     backends = [factory() for factory in BACKENDS.values()]
     light = Probe(flops=1_000, flops_note="", trace_s=0.05, call_s=0.001)
@@ -190,7 +200,7 @@ def test_the_order_puts_the_likely_winners_first():
 
 
 def test_earlier_wins_on_this_machine_come_first(tmp_path):
-    from infertune.backends import BACKENDS
+    from infertune.backends.registry import BACKENDS
 
     record = MachineRecord("fingerprint", tmp_path / "machine.json")
     for _ in range(2):
@@ -203,7 +213,10 @@ def test_earlier_wins_on_this_machine_come_first(tmp_path):
 
 
 def test_a_shared_conversion_is_estimated_once():
-    from infertune.backends.onnxruntime import OnnxRuntimeCpu, OrtSettings
+    from infertune.backends.onnxruntime.cpu import (
+        OnnxRuntimeCpu,
+        OrtSettings,
+    )
 
     probe = Probe(flops=1_000_000, flops_note="", trace_s=1.0, call_s=0.01)
     before, how = estimate_s(OnnxRuntimeCpu(), probe, set(), None)
@@ -218,7 +231,7 @@ def test_a_heavy_model_s_slow_eager_call_does_not_inflate_the_candidates_estimat
     # Counting five verification calls at the eager speed overestimated OpenVINO's own work
     # 3x, and a 20 s budget skipped the candidate it would have chosen without one.
     from infertune.backends.keras_eager import KerasEager
-    from infertune.backends.openvino import OpenVinoCpu
+    from infertune.backends.openvino.cpu import OpenVinoCpu
 
     probe = Probe(
         flops=2_500_000_000, flops_note="", trace_s=1.0, call_s=0.3, checks=5, peak_gflops=180.0
@@ -234,7 +247,7 @@ def test_a_heavy_model_s_slow_eager_call_does_not_inflate_the_candidates_estimat
 
 def test_costs_learned_here_correct_the_estimates(tmp_path):
     record = MachineRecord("fingerprint", tmp_path / "machine.json")
-    from infertune.backends.litert import LiteRT as LiteRTBackend
+    from infertune.backends.litert.backend import LiteRT as LiteRTBackend
 
     probe = Probe(flops=1_000_000, flops_note="", trace_s=1.0, call_s=0.01)
     plain, _ = estimate_s(LiteRTBackend(), probe, set(), record)
@@ -247,7 +260,7 @@ def test_a_conversion_made_in_a_worker_is_learned_at_its_time_there_not_the_wait
     """This process waits little for a conversion a worker made: learned as its cost, that
     wait would put the next run's estimate under the worker's threshold (offload.py)."""
     from infertune.pipeline.planning import learn_from_run
-    from infertune.stages import StageTimes
+    from infertune.report.stages import StageTimes
 
     record = MachineRecord("fingerprint", tmp_path / "machine.json")
     probe = Probe(flops=1_000_000, flops_note="", trace_s=1.0, call_s=0.01)
@@ -386,7 +399,7 @@ def test_shape_arithmetic_still_gets_the_fixed_conversion():
 @pytest.mark.slow
 @needs_litert
 def test_a_conversion_made_in_a_worker_process_runs_as_one_made_here(monkeypatch):
-    # A tiny model's conversion too, whatever the machine's load (settings.py).
+    # A tiny model's conversion too, whatever the machine's load (system/settings.py).
     monkeypatch.setenv("INFERTUNE_TF_WORKER", "always")
     model = conv_model()
     sample = np.random.default_rng(0).random((2, 12, 12, 3), dtype=np.float32)
@@ -424,8 +437,8 @@ def test_a_core_is_free_for_a_worker_unless_other_processes_fill_them():
     """What this process and its children do (a thread spinning, a child spinning) leaves a
     core free; other processes spinning on every core do not. Timing tier: a busy machine
     moves what is measured."""
-    from infertune.environment import usable_cores
     from infertune.pipeline.offload import _cores_busy_elsewhere, _free_core
+    from infertune.system.environment import usable_cores
 
     spin = "import time\nend = time.time() + 5\nwhile time.time() < end: pass"
     stop = threading.Event()

@@ -9,8 +9,11 @@ from helpers import dense_model
 
 import infertune
 from infertune.backends import Backend
-from infertune.models import tensor_specs
-from infertune.verify import compare_outputs, row_scale
+from infertune.model.source import tensor_specs
+from infertune.model.tolerance import (
+    compare_outputs,
+    row_scale,
+)
 
 
 class PerturbedTfFunction(Backend):

@@ -8,15 +8,15 @@ import numpy as np
 import pytest
 from helpers import dense_model, target_for
 
-from infertune.backends import TfFunction
+from infertune.backends.tf_function import TfFunction
 from infertune.options import Options
 from infertune.pipeline.budget import Budget
 from infertune.pipeline.context import Candidate, Preparation
 from infertune.pipeline.isolation import Isolation
 from infertune.pipeline.reference import Check
 from infertune.pipeline.verifying import Mismatch, checks_for, first_call_and_verify
-from infertune.progress import Progress
 from infertune.report import CandidateResult
+from infertune.report.progress import Progress
 
 
 class _Scaled(TfFunction):

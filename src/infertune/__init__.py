@@ -24,10 +24,11 @@ from .errors import (
 )
 from .explain import explain
 from .optimized import Optimized
-from .quiet import quiet_tensorflow_logs
 from .report import BatchResult, CandidateResult, Diagnosis, Report
+from .system.quiet import quiet_tensorflow_logs
 
-# Importing infertune imports no TensorFlow, so this comes before it does (quiet.py says why).
+# Importing infertune imports no TensorFlow, so this comes before it does (system/quiet.py says
+# why).
 quiet_tensorflow_logs()
 
 __all__ = [

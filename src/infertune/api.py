@@ -15,12 +15,11 @@ from pathlib import Path
 from typing import Any
 
 from .accuracy import Accuracy
-from .backends import BACKENDS, Backend
-from .deploy.cache import CacheEntry
+from .backends import Backend
+from .backends.registry import BACKENDS
 from .errors import EnvironmentMismatchError, OptionError
 from .optimized import Optimized
 from .options import DEFAULTS, Options
-from .paths import user_path
 from .pipeline.packaging import (
     Package,
     is_package,
@@ -29,9 +28,14 @@ from .pipeline.packaging import (
     tune_package,
 )
 from .pipeline.tune import load_for_tuning, read_data, tune
-from .progress import Progress
-from .resources import page_out_own_files, release_freed_memory
+from .report.progress import Progress
+from .result.cache import CacheEntry
 from .result.saved import open_saved, restore
+from .system.paths import user_path
+from .system.resources import (
+    page_out_own_files,
+    release_freed_memory,
+)
 
 __all__ = ["available_backends", "load", "optimize", "package"]
 

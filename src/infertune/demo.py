@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .quiet import import_tensorflow
+from .system.quiet import import_tensorflow
 
 __all__ = [
     "DEMO_MODELS",
@@ -101,7 +101,7 @@ def demo_model(name: str, seed: int = 0, batch: int | None = None):
     if name not in DEMO_MODELS:
         raise ValueError(f"Unknown demo model {name!r}; choose one of {sorted(DEMO_MODELS)}.")
     build, shape = DEMO_MODELS[name]
-    import_tensorflow()  # before Keras does: without its start-up lines (quiet.py)
+    import_tensorflow()  # before Keras does: without its start-up lines (system/quiet.py)
     if batch is not None:
         shape = (batch, *shape[1:])
     sample = np.random.default_rng(seed).random(shape, dtype=np.float32)

@@ -9,10 +9,10 @@ import numpy as np
 
 from .api import optimize
 from .backends import Backend
-from .models import load_model
+from .model.source import load_model
 from .pipeline.diagnosis import advise, measure_retracing, predict_vs_call
-from .progress import Progress
 from .report import Diagnosis
+from .report.progress import Progress
 
 __all__ = ["explain"]
 

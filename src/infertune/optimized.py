@@ -14,14 +14,14 @@ import numpy as np
 from .backends.base import Backend
 from .deploy.triton import TritonExport, check_exportable, export_saved
 from .errors import ClosedError, closed_call
-from .inputs import InputSignature
-from .outputs import OutputSignature
-from .paths import user_path
+from .model.inputs import InputSignature
+from .model.outputs import OutputSignature
+from .model.structure import Structure
 from .report import Report
 from .result import saved
 from .result.calling import call_path
 from .result.choice import Choice
-from .structure import Structure
+from .system.paths import user_path
 
 __all__ = ["Optimized"]
 

@@ -14,10 +14,11 @@ from typing import Any
 
 import numpy as np
 
-from . import settings
 from .accuracy import Accuracy
-from .backends import BACKENDS, Backend
+from .backends import Backend
+from .backends.registry import BACKENDS
 from .errors import OptionError
+from .system import settings
 
 __all__ = [
     "DEFAULTS",
@@ -32,7 +33,7 @@ __all__ = [
 ]
 
 # Every option's choices and default are here, once: optimize(), Options.checked and the
-# command line (cli.py) read them from this module.
+# command line (cli/__init__.py) read them from this module.
 OBJECTIVES = ("latency", "throughput")
 PRECISIONS = ("fp32", "fp16", "bf16", "int8")
 ISOLATIONS = ("process", "thread", "off")
@@ -68,7 +69,7 @@ class Options:
     candidate_timeout_s: float | None = 300.0  # a TensorRT engine build can take minutes
     reference: str = "eager"
     # Reduced precision: representative inputs the quantizers calibrate on (arrays, a dict of
-    # arrays, a tf.data.Dataset or an iterable of batches; datasets.py), and the task it is
+    # arrays, a tf.data.Dataset or an iterable of batches; precision/data.py), and the task it is
     # judged by (accuracy.Accuracy; None: the agreement rule).
     calibration: Any = field(default=None, compare=False)
     accuracy: Accuracy | None = field(default=None, compare=False)

@@ -44,9 +44,9 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from ..inputs import InputSignature
-from ..outputs import OutputSignature
-from ..target import Target
+from ..model.inputs import InputSignature
+from ..model.outputs import OutputSignature
+from ..model.target import Target
 from .triton_plan import TritonPlan
 
 __all__ = ["Backend", "NotApplicable", "RunFacts", "Target"]

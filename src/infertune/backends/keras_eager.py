@@ -8,10 +8,17 @@ from pathlib import Path
 
 import numpy as np
 
-from ..inputs import InputSignature, to_numpy
-from ..models import inference_call, load_model, tensor_specs
-from ..outputs import OutputSignature
-from ..structure import flatten
+from ..model.inputs import (
+    InputSignature,
+    to_numpy,
+)
+from ..model.outputs import OutputSignature
+from ..model.source import (
+    inference_call,
+    load_model,
+    tensor_specs,
+)
+from ..model.structure import flatten
 from .base import Backend, Target
 from .tf_function import (
     SAVEDMODEL_DIR,

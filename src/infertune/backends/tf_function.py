@@ -10,9 +10,12 @@ from typing import Any
 
 import numpy as np
 
-from ..inputs import InputSignature
-from ..models import tensor_specs, trace
-from ..outputs import OutputSignature
+from ..model.inputs import InputSignature
+from ..model.outputs import OutputSignature
+from ..model.source import (
+    tensor_specs,
+    trace,
+)
 from .base import Backend, Target
 from .triton_plan import TritonPlan, TritonTensor, model_names
 

@@ -1,4 +1,4 @@
-"""A model split in two (splitting.py): its preprocessing head as a TensorFlow graph, then its
+"""A model split in two (model/splitting.py): its preprocessing head as a TensorFlow graph, then its
 body on another candidate's runtime. One candidate like any other: verified end to end
 against the whole model, measured as a whole (the head's time included), selected only where
 the chain wins.
@@ -24,8 +24,8 @@ from typing import ClassVar
 
 import numpy as np
 
-from ..inputs import InputSignature
-from ..splitting import Split
+from ..model.inputs import InputSignature
+from ..model.splitting import Split
 from .base import Backend, NotApplicable, Target
 from .tf_function import load_flat_savedmodel, save_flat_savedmodel, tensorflow_missing
 

@@ -23,9 +23,12 @@ from pathlib import Path
 
 import numpy as np
 
-from ..environment import gpu_devices
-from ..gpu import gpu_facts, reason_unavailable
-from ..models import tensor_specs
+from ..model.source import tensor_specs
+from ..system.environment import gpu_devices
+from ..system.gpu import (
+    gpu_facts,
+    reason_unavailable,
+)
 from .base import Backend, Target
 from .tf_function import save_flat_savedmodel
 

@@ -14,8 +14,8 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import ExportError
-from ..inputs import InputSignature
-from ..outputs import OutputSignature
+from ..model.inputs import InputSignature
+from ..model.outputs import OutputSignature
 
 __all__ = ["TritonPlan", "TritonTensor", "copy_file", "copy_onnx", "model_names", "onnx_tensors"]
 

@@ -30,8 +30,8 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 from ..errors import OptionError, one_line
-from ..paths import user_path
 from ..result.saved import read_manifest
+from ..system.paths import user_path
 from .protocol import (
     BINARY_HEADER,
     InferenceStatistics,

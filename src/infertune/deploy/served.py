@@ -22,10 +22,10 @@ from typing import Any
 import numpy as np
 
 from ..errors import EnvironmentMismatchError, InputError, closed_call
-from ..outputs import TensorSpec
-from ..paths import user_path
+from ..model.outputs import TensorSpec
 from ..result.calling import flat_runner
 from ..result.saved import open_saved, restore
+from ..system.paths import user_path
 
 __all__ = ["ServedModel", "TensorSpec", "check_shape"]
 

@@ -31,13 +31,13 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..backends import backend_class
 from ..backends.base import Backend
+from ..backends.registry import backend_class
 from ..backends.triton_plan import TritonPlan, TritonTensor
-from ..environment import install_hint
 from ..errors import ExportError, OptionError
-from ..paths import user_path
 from ..result.saved import MANIFEST, Saved, open_saved
+from ..system.environment import install_hint
+from ..system.paths import user_path
 
 __all__ = ["PYTHON_RESULT_DIR", "TritonExport", "TritonTensor", "check_exportable", "export_saved"]
 

@@ -36,11 +36,14 @@ from typing import Any
 import numpy as np
 
 from ..errors import one_line
-from ..models import tensor_specs
-from ..paths import link_or_copy, remove_with
-from ..resources import release_freed_memory
-from ..sizes import HUGE_CONSTANT_BYTES
-from ..target import Target
+from ..model.sizes import HUGE_CONSTANT_BYTES
+from ..model.source import tensor_specs
+from ..model.target import Target
+from ..system.paths import (
+    link_or_copy,
+    remove_with,
+)
+from ..system.resources import release_freed_memory
 from . import patching
 from .rewrites import held_apart, rewrite_for_onnx
 
@@ -83,7 +86,7 @@ class OnnxExport:
     # Removes a temporary `directory` once the export is collected (None: not ours to remove).
     _cleanup: Any = field(default=None, repr=False, compare=False)
     # What a conversion of this export keeps for its next call, by its name (NNCF's statistics:
-    # openvino_int8.py); gone with the export.
+    # backends/openvino/quantize.py); gone with the export.
     derived: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @property

@@ -1,6 +1,6 @@
 """The ONNX export in float16 ("onnx-fp16"): what ONNX Runtime's CUDA provider runs for
-`onnxruntime-cuda-fp16` (backends/onnxruntime_gpu.py) and a strongly typed TensorRT (11 and
-later) builds its fp16 engine from (backends/tensorrt.py)."""
+`onnxruntime-cuda-fp16` (backends/onnxruntime/cuda.py) and a strongly typed TensorRT (11 and
+later) builds its fp16 engine from (backends/tensorrt/engine.py)."""
 
 from __future__ import annotations
 

@@ -18,16 +18,28 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..environment import INT8_DOT_FLAGS, precision_instructions
-from ..target import Target
+from ..backends.litert.convert import CALIBRATION_SAMPLES as TFLITE_SAMPLES
+from ..backends.litert.convert import (
+    convert_fixed,
+    convert_free,
+    convert_int8,
+    read_conversion,
+    write_conversion,
+)
+from ..backends.onnxruntime.quantize import CALIBRATION_SAMPLES as ORT_SAMPLES
+from ..backends.onnxruntime.quantize import (
+    quantize_dynamic_int8,
+    quantize_static_int8,
+)
+from ..backends.openvino.quantize import CALIBRATION_SAMPLES as NNCF_SAMPLES
+from ..backends.openvino.quantize import quantize_for_openvino
+from ..model.target import Target
+from ..system.environment import (
+    INT8_DOT_FLAGS,
+    precision_instructions,
+)
 from .onnx import OnnxExport, convert_to_onnx
 from .onnx_fp16 import float16_export
-from .onnx_int8 import CALIBRATION_SAMPLES as ORT_SAMPLES
-from .onnx_int8 import quantize_dynamic_int8, quantize_static_int8
-from .openvino_int8 import CALIBRATION_SAMPLES as NNCF_SAMPLES
-from .openvino_int8 import quantize_for_openvino
-from .tflite import CALIBRATION_SAMPLES as TFLITE_SAMPLES
-from .tflite import convert_fixed, convert_free, convert_int8, read_conversion, write_conversion
 
 __all__ = [
     "CONVERSIONS",
@@ -55,7 +67,8 @@ class Conversion:
     """One shared conversion.
 
     `cost`: seconds (whatever the model, per second of one trace of it) on the 2-core machine,
-    before the corrections each machine learns (machine.py). `memory`: copies of the weights
+    before the corrections each machine learns (pipeline/machine.py). `memory`: copies of the
+    weights
     it holds at its peak beyond the model, in this process; `memory_in_child`: in a child
     process of its own, where it runs there (`in_child(size)`), learned and estimated under
     the key + "-child" (pipeline/memory.py). `uninterruptible`: the share of its time spent
@@ -93,7 +106,8 @@ class Conversion:
 # full int8 15.2 s from the float32 conversion the LiteRT candidates share when TFLite's
 # calibrator ran the model on 32 samples in the interpreter on one core (12.4 s, 20 GFLOP/s);
 # infertune's range pass runs them with XNNPACK on both cores in 3.1-3.9 s, reading and
-# writing the flatbuffer included (about 70 GFLOP/s, export/tflite.py `_ranged`), then 2.8 s
+# writing the flatbuffer included (about 70 GFLOP/s, backends/litert/convert.py `_ranged`), then
+# 2.8 s
 # the quantization (MobileNetV2 224 0.3 s, the BERT-sized encoder, 0.2 s trace, 6.6 s with
 # the calibrator);
 # NNCF 15.9 s, 9.5 of it its statistics on 128 samples (OpenVINO, 104 GFLOP/s), the rest two

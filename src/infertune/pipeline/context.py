@@ -19,13 +19,13 @@ from ..report import CandidateResult
 if TYPE_CHECKING:  # the values it carries; the modules that use them import them
     import numpy as np
 
-    from ..machine import MachineRecord
+    from ..model.target import Target
     from ..options import Options
-    from ..progress import Progress
-    from ..target import Target
+    from ..precision.gate import PrecisionData
+    from ..report.progress import Progress
     from .budget import Budget
-    from .gate import PrecisionData
     from .isolation import Isolation, Rehearsal
+    from .machine import MachineRecord
     from .planning import Probe
     from .reference import Check
     from .verifying import Mismatch
@@ -85,7 +85,7 @@ class Preparation:
     # conversion competes for the cores with the candidates it times.
     converted: threading.Event = field(default_factory=threading.Event)
     states: list[Candidate] = field(default_factory=list)  # every candidate but the reference
-    # What reduced-precision candidates are judged by (gate.py); None: no data was given.
+    # What reduced-precision candidates are judged by (precision/gate.py); None: no data was given.
     precision: PrecisionData | None = None
     # The reduced-precision candidates verified, whose gate waits for every candidate's
     # first verdict; the quantized ones whose search waits for every gate's verdict.

@@ -17,19 +17,22 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..environment import usable_cores
 from ..errors import one_line
-from ..measure import measure_interleaved, warm_up
 from ..report import Diagnosis, PathRate, Retracing
+from ..system.environment import usable_cores
+from .timing import (
+    measure_interleaved,
+    warm_up,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Callable
     from contextlib import AbstractContextManager
 
-    from ..inputs import InputSignature
-    from ..machine import MachineRecord
-    from ..models import ModelSource
+    from ..model.inputs import InputSignature
+    from ..model.source import ModelSource
     from ..report import CandidateResult
+    from .machine import MachineRecord
 
 __all__ = [
     "count_flops",
@@ -153,7 +156,7 @@ def measure_retracing(
 def _count_traces(plain, graph_function, signature, batch_sizes, rng) -> Retracing:
     import tensorflow as tf
 
-    from ..models import tensor_specs
+    from ..model.source import tensor_specs
 
     trace_ms = 0.0
     for batch in batch_sizes:
@@ -295,7 +298,7 @@ def machine_peak(record: MachineRecord | None) -> float:
     """The machine's float32 GFLOP/s: from its record where measured before, else measured
     now (about a second) and recorded. A peak does not change while the CPU and the
     libraries (part of the record's key) stay the same; it is measured again every
-    PEAK_EVERY runs, and the highest measurement stands (machine.py)."""
+    PEAK_EVERY runs, and the highest measurement stands (pipeline/machine.py)."""
     recorded = record.peak_gflops if record is not None else None
     if recorded is not None:
         record.use_peak()

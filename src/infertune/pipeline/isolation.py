@@ -23,7 +23,7 @@ fresh child. One thread may submit while one other waits for verdicts (a lock ke
 queue and the worker consistent; the waiting thread alone reads the child's answers).
 
 The child is `python -m infertune.pipeline.rehearsal_child`, started as every child is
-(children.py).
+(system/children.py).
 """
 
 from __future__ import annotations
@@ -45,7 +45,10 @@ from typing import Any
 import numpy as np
 
 from ..backends.base import Backend, Target
-from ..children import ChildUnavailable, start_module
+from ..system.children import (
+    ChildUnavailable,
+    start_module,
+)
 
 __all__ = [
     "CandidateCrashed",

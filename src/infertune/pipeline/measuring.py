@@ -1,5 +1,5 @@
 """The measurement stage: every contender timed in interleaved rounds, at the sample's batch
-size and at each other tuned batch size (measure.py is the engine)."""
+size and at each other tuned batch size (pipeline/timing.py is the engine)."""
 
 from __future__ import annotations
 
@@ -10,12 +10,16 @@ import numpy as np
 
 from ..backends import Backend
 from ..errors import one_line
-from ..inputs import InputSignature
-from ..measure import LatencyStats, measure_interleaved, warm_up
+from ..model.inputs import InputSignature
 from ..options import Options
-from ..progress import Progress
 from ..report import CandidateResult
+from ..report.progress import Progress
 from .budget import Budget
+from .timing import (
+    LatencyStats,
+    measure_interleaved,
+    warm_up,
+)
 
 __all__ = ["close_quietly", "concurrency_note", "measure", "measure_batches"]
 

@@ -3,7 +3,8 @@ its rehearsal fit in the memory left; else it is `skipped` with the estimate, ne
 be killed for memory.
 
 Estimates are the weights times each runtime's `Backend.memory_factor`, and each conversion's
-peak: what earlier runs on this machine measured (machine.py), else the registry's copies of
+peak: what earlier runs on this machine measured (pipeline/machine.py), else the registry's copies
+of
 the weights (export/registry.py `memory`, measured on a BERT-base-sized model).
 
 What was measured is split in two, so that small models do not decide for large ones: a run
@@ -20,12 +21,16 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ..export.registry import CONVERSIONS
-from ..machine import MachineRecord
-from ..resources import available_bytes
-from ..settings import memory_limit_bytes
-from ..sizes import LEAN_CONVERSION_MIN_BYTES, MEMORY_RESERVE_BYTES, ModelSize
-from ..target import Target
+from ..model.sizes import (
+    LEAN_CONVERSION_MIN_BYTES,
+    MEMORY_RESERVE_BYTES,
+    ModelSize,
+)
+from ..model.target import Target
+from ..system.resources import available_bytes
+from ..system.settings import memory_limit_bytes
 from .context import skip
+from .machine import MachineRecord
 from .tournament import KEEP_AT_ONCE
 
 if TYPE_CHECKING:

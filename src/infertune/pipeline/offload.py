@@ -15,11 +15,11 @@ import os
 import time
 from typing import TYPE_CHECKING
 
-from ..environment import usable_cores
 from ..errors import one_line
 from ..export.registry import CONVERSIONS, stage_name
-from ..settings import tf_worker_mode
-from ..sizes import WORKER_BASE_BYTES
+from ..model.sizes import WORKER_BASE_BYTES
+from ..system.environment import usable_cores
+from ..system.settings import tf_worker_mode
 from .planning import conversion_estimate_s
 from .tf_worker import OffloadedConversion, custom_classes
 

@@ -39,25 +39,34 @@ import numpy as np
 
 from .._version import __version__
 from ..accuracy import METRICS, Accuracy
-from ..backends import BACKENDS, Backend
-from ..datasets import LabelledBatch, arrays_batches, batches_arrays, numbered
-from ..environment import collect_environment
+from ..backends import Backend
+from ..backends.litert.convert import Converted
+from ..backends.registry import BACKENDS
 from ..errors import ArtifactError, ModelError, OptionError, one_line
 from ..export.onnx import read_onnx, write_onnx
 from ..export.registry import shared
-from ..export.tflite import Converted
-from ..inputs import InputSignature
+from ..model.inputs import InputSignature
+from ..model.outputs import OutputSignature
+from ..model.structure import Structure
+from ..model.target import Target
 from ..options import DEFAULTS, Options
-from ..outputs import OutputSignature
-from ..progress import Progress
+from ..precision.data import (
+    LabelledBatch,
+    arrays_batches,
+    batches_arrays,
+    numbered,
+)
+from ..precision.gate import (
+    PrecisionData,
+    precision_data,
+)
 from ..report import Report
+from ..report.progress import Progress
 from ..result.choice import Choice
 from ..result.saved import file_sha256
-from ..structure import Structure
-from ..target import Target
+from ..system.environment import collect_environment
 from .budget import Budget
 from .context import Preparation
-from .gate import PrecisionData, precision_data
 from .isolation import Isolation
 from .measuring import close_quietly, measure_batches
 from .planning import Probe
@@ -90,8 +99,8 @@ TUNING_HERE = ("backends", "time_budget_s", "isolation", "candidate_timeout_s")
 def make_package(model: Model, options: Options, path: Path, progress: Progress) -> Path:
     """Write the package of `model` (loaded, its data read) tuned with `options` to `path`
     (new or an empty directory)."""
+    from ..model.splitting import find_split
     from ..result.saved import check_target
-    from ..splitting import find_split
 
     if options.accuracy is not None and not isinstance(options.accuracy.metric, str):
         raise OptionError(

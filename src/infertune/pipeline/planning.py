@@ -5,7 +5,7 @@ What is known then (the `Probe`): the model's arithmetic per call and its op typ
 from one trace of the model at the sample's shapes, the count the diagnosis reports), how
 long that trace took (the graph's size times this machine's speed now: conversions and
 compiles scale with it), and the model's own call time. What earlier runs on this machine
-learned (machine.py): how far each estimate was off here, and which candidates were chosen
+learned (pipeline/machine.py): how far each estimate was off here, and which candidates were chosen
 for models of the same kind.
 
 Order: the candidates most likely to win first, by their family's rank for the kind of model
@@ -22,11 +22,14 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
-from ..backends import family_of, family_rank
 from ..backends.base import Backend
+from ..backends.registry import (
+    family_of,
+    family_rank,
+)
 from ..export.registry import CONVERSIONS
-from ..machine import MachineRecord
-from ..stages import StageTimes
+from ..report.stages import StageTimes
+from .machine import MachineRecord
 
 __all__ = [
     "Probe",

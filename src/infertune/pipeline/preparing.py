@@ -5,10 +5,10 @@ This module is the scheduler; each concern it calls on has a module of its own: 
 budget (budget.py), memory admission (memory.py), where memory is tight the variants not tried
 and the tournament that keeps few copies of the weights (tournament.py), the conversions
 handed to a worker process (offload.py), verification and the reduced-precision gate
-(verifying.py, gate.py), and the search for a quantization that passes it (precision.py).
+(verifying.py, precision/gate.py), and the search for a quantization that passes it (precision.py).
 What they share is one `Preparation` (context.py).
 
-Each candidate goes through its stages (stages.py): conversion, rehearsal (for the native
+Each candidate goes through its stages (report/stages.py): conversion, rehearsal (for the native
 runtimes, isolation.py), compile, first call, verification. A rehearsed candidate's rehearsal
 is submitted to the child process as soon as its files exist; this process goes on with the
 next candidate's conversion (an ONNX export, a TFLite conversion: the longest stages) and
@@ -42,7 +42,7 @@ from ..backends.base import NotApplicable, RunFacts
 from ..errors import one_line
 from ..export.registry import stage_name
 from ..report import CandidateResult
-from ..resources import page_out_own_files
+from ..system.resources import page_out_own_files
 from .budget import BudgetOver, fits_time
 from .context import Candidate, Preparation
 from .isolation import (
@@ -493,7 +493,8 @@ def _judge_waiting(run: Preparation) -> None:
 
 
 def _predict_early(run: Preparation) -> None:
-    """The model's predictions on the labelled data (gate.py) started in a thread of their own
+    """The model's predictions on the labelled data (precision/gate.py) started in a thread of
+    their own
     once every float32 candidate started so far has its verdict (called as each verdict
     comes), by a verified one (`_quiet_maker`): they then run beside the conversions still to
     come, the quantizing ones among them (TFLite's converter keeps one core of two most of its
@@ -567,7 +568,8 @@ def _await_predictions(run: Preparation) -> None:
 
 
 def _complete_predictions(run: Preparation, verified: list[Backend]) -> None:
-    """The model's predictions on the labelled data (gate.py), where `_predict_early` did not
+    """The model's predictions on the labelled data (precision/gate.py), where `_predict_early` did
+    not
     make them: by the fastest of the `verified` float32 candidates on the sample that runs
     every batch size; by the model itself where there is none, or where it differs from the
     model on the first rows."""

@@ -12,15 +12,18 @@ from typing import Any
 import numpy as np
 
 from ..errors import InputError, ModelError, OptionError, one_line
-from ..inputs import InputSignature
-from ..measure import time_once
-from ..models import ModelSource
-from ..outputs import OutputSignature
-from ..progress import Progress
-from ..target import Target
-from ..verify import Comparison, compare_outputs
+from ..model.inputs import InputSignature
+from ..model.outputs import OutputSignature
+from ..model.source import ModelSource
+from ..model.target import Target
+from ..model.tolerance import (
+    Comparison,
+    compare_outputs,
+)
+from ..report.progress import Progress
 from .diagnosis import trace_and_count
 from .planning import Probe
+from .timing import time_once
 
 __all__ = [
     "FRESH_INPUTS",

@@ -32,7 +32,7 @@ def main() -> None:
     sys.stdout = sys.stderr
 
     from ..errors import one_line
-    from ..resources import release_freed_memory
+    from ..system.resources import release_freed_memory
 
     def say(line: str) -> None:
         protocol.write(line + "\n")
@@ -57,9 +57,9 @@ def _rehearse(job: Path, say) -> str:
     """Load the job's candidate from its files and run it on every input; "done"."""
     import numpy as np
 
-    from ..inputs import InputSignature
-    from ..structure import Structure
-    from ..target import Target
+    from ..model.inputs import InputSignature
+    from ..model.structure import Structure
+    from ..model.target import Target
 
     say("stage load")
     spec = json.loads((job / "job.json").read_text())

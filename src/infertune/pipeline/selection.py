@@ -14,12 +14,16 @@ from functools import partial
 
 from ..backends import Backend
 from ..errors import ModelError
-from ..inputs import InputSignature
-from ..measure import RACE_RATIO, LatencyStats, clearly_slower
+from ..model.inputs import InputSignature
+from ..model.outputs import OutputSignature
 from ..options import Options
-from ..outputs import OutputSignature
 from ..report import BatchResult, CandidateResult
 from ..result.choice import Choice
+from .timing import (
+    RACE_RATIO,
+    LatencyStats,
+    clearly_slower,
+)
 
 __all__ = [
     "Selection",
@@ -229,7 +233,7 @@ def _cost(r: CandidateResult, objective: str) -> float:
 
 
 # How far above the lowest median (mean, for throughput) a candidate that nothing beats
-# round by round still ties: the stability tolerance of the measurement (measure.py).
+# round by round still ties: the stability tolerance of the measurement (pipeline/timing.py).
 _TIE_REL = 0.05
 
 

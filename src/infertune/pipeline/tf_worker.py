@@ -7,7 +7,7 @@ conversion of MobileNetV2 took as long in two threads as one after the other). A
 process can: while this process exports to ONNX, the worker converts to TFLite.
 
 The worker (`python -m infertune.pipeline.tf_worker JOB`, started as every child is:
-children.py) loads the model from a .keras file this process wrote (and, for a calibrated
+system/children.py) loads the model from a .keras file this process wrote (and, for a calibrated
 conversion, the calibration samples it reads), builds the conversion with the very function
 this process would call (its registered build, export/registry.py),
 writes it into the job directory with the conversion's `worker` files and exits: 0 with the
@@ -35,9 +35,13 @@ from typing import Any
 
 import numpy as np
 
-from ..children import start_module
-from ..datasets import arrays_batches, batches_arrays, first_samples
 from ..export.registry import CONVERSIONS
+from ..precision.data import (
+    arrays_batches,
+    batches_arrays,
+    first_samples,
+)
+from ..system.children import start_module
 
 __all__ = ["OffloadedConversion", "custom_classes"]
 
@@ -160,8 +164,8 @@ def custom_classes(model: Any) -> list[tuple[str, str]]:
 
 def _load_model(path: Path, classes: list[list[str]]) -> Any:
     """The model this process's parent saved, with the classes custom_classes named."""
-    from ..models import load_model
-    from ..quiet import import_tensorflow
+    from ..model.source import load_model
+    from ..system.quiet import import_tensorflow
 
     import_tensorflow()  # before Keras imports it: without its start-up lines
     import keras
@@ -200,9 +204,9 @@ def main() -> None:
     directory = Path(sys.argv[1])
     start = time.perf_counter()
     try:
-        from ..inputs import InputSignature
-        from ..structure import Structure
-        from ..target import Target
+        from ..model.inputs import InputSignature
+        from ..model.structure import Structure
+        from ..model.target import Target
 
         spec = json.loads((directory / "job.json").read_text())
         source = _load_model(directory / spec["model"], spec["custom_classes"])

@@ -18,11 +18,11 @@ import contextlib
 import math
 from typing import TYPE_CHECKING
 
-from ..environment import usable_cores
-from ..measure import measure_interleaved
-from ..resources import release_freed_memory
-from ..settings import hold_all_bytes
+from ..system.environment import usable_cores
+from ..system.resources import release_freed_memory
+from ..system.settings import hold_all_bytes
 from .context import skip
+from .timing import measure_interleaved
 
 if TYPE_CHECKING:
     from .context import Candidate, Preparation

@@ -15,29 +15,58 @@ from typing import Any
 
 import numpy as np
 
-from ..backends import BACKENDS, Backend, KerasEager, TensorFlowOnly, TfFunction, TfHeadChain
-from ..datasets import LabelledBatch, calibration_batches, labelled_batches
-from ..environment import collect_environment, fingerprint
+from ..backends import Backend
+from ..backends.keras_eager import KerasEager
+from ..backends.registry import BACKENDS
+from ..backends.tf_function import TfFunction
+from ..backends.tf_head import TensorFlowOnly, TfHeadChain
 from ..errors import ModelError
 from ..export.registry import stage_name
-from ..gpu import enable_tf_memory_growth
-from ..inputs import InputSignature, build_signature
-from ..machine import MachineRecord
-from ..models import ModelSource, load_model
+from ..model.inputs import (
+    InputSignature,
+    build_signature,
+)
+from ..model.source import (
+    ModelSource,
+    load_model,
+)
+from ..model.splitting import (
+    Split,
+    find_split,
+)
+from ..model.target import Target
+from ..model.tolerance import (
+    ELEMENT_RULE,
+    compare_outputs,
+)
 from ..options import REFERENCE_NAMES, Options
-from ..progress import Progress
+from ..precision.data import (
+    LabelledBatch,
+    calibration_batches,
+    labelled_batches,
+)
+from ..precision.gate import (
+    FIRST_ROWS,
+    precision_data,
+)
 from ..report import CandidateResult, Diagnosis, Report, memory_line
-from ..resources import MemoryPeak, allocators_note
+from ..report.progress import Progress
+from ..report.stages import StageTimes
 from ..result.choice import Choice
-from ..splitting import Split, find_split
-from ..stages import StageTimes
-from ..target import Target
-from ..verify import ELEMENT_RULE, compare_outputs
+from ..system.environment import (
+    collect_environment,
+    fingerprint,
+)
+from ..system.gpu import enable_tf_memory_growth
+from ..system.resources import (
+    MemoryPeak,
+    allocators_note,
+)
 from .budget import Budget
 from .context import Preparation
 from .diagnosis import diagnose
-from .gate import FIRST_ROWS, precision_data
 from .isolation import Isolation
+from .machine import MachineRecord
 from .measuring import close_quietly, concurrency_note, measure_batches
 from .memory import conversion_memory_learned
 from .planning import Probe, after_candidates_s, learn_from_run
@@ -85,7 +114,7 @@ def candidates(
 
     Where the model is split (`split`), each candidate that converts the model is replaced by
     a chain (TfHeadChain: the TensorFlow head, then the body on that candidate): what goes in
-    the head is what no converter takes (splitting.py), so the whole model would only fail
+    the head is what no converter takes (model/splitting.py), so the whole model would only fail
     its conversion. Where the model takes strings and cannot be split (`unsplit` says why),
     the converting candidates are skipped with that reason."""
     reference = KerasEager("keras-eager" if source.is_keras else "original")

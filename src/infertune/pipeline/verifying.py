@@ -1,9 +1,9 @@
 """Verify a prepared candidate: its first call timed apart, then its outputs on every check
-against the reference (verify.py's rule under rtol/atol); a candidate that differs is
+against the reference (model/tolerance.py's rule under rtol/atol); a candidate that differs is
 `mismatch` (`Mismatch`, with the reason and its errors in its result).
 
 A reduced-precision candidate (bf16, int8) is judged by the gate instead of rtol/atol
-(gate.py, accuracy.py): its outputs on the checks must still have the model's structure,
+(precision/gate.py, accuracy.py): its outputs on the checks must still have the model's structure,
 shapes and dtypes and no NaN where the model has none; then the task's metric on the user's
 labelled data, or the agreement rule, decides (the `gate` stage: `judge_candidate`, which the
 scheduler may call once every candidate is verified, preparing.py).
@@ -23,9 +23,16 @@ import numpy as np
 
 from ..accuracy import Judgement
 from ..backends import Backend
+from ..model.tolerance import (
+    Comparison,
+    compare_outputs,
+)
+from ..precision.gate import (
+    PrecisionData,
+    describe,
+    judge,
+)
 from ..report import CandidateResult
-from ..verify import Comparison, compare_outputs
-from .gate import PrecisionData, describe, judge
 from .reference import Check
 
 if TYPE_CHECKING:

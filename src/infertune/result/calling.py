@@ -19,8 +19,8 @@ from typing import Any
 import numpy as np
 
 from ..backends.base import Backend
-from ..inputs import InputSignature
-from ..structure import Structure
+from ..model.inputs import InputSignature
+from ..model.structure import Structure
 from .choice import Choice
 
 __all__ = ["call_path", "flat_runner"]

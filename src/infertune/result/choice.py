@@ -1,5 +1,5 @@
 """The choice: which prepared candidate serves which calls. One value, built in one place
-(pipeline/selection.py after tuning; saved.py on load; deploy/cache.py on a cache hit that
+(pipeline/selection.py after tuning; saved.py on load; result/cache.py on a cache hit that
 prepares again), used by the callable, save/load, the cache and the served model, and written
 in one format (`to_dict`).
 
@@ -19,8 +19,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..backends.base import Backend
-from ..inputs import InputSignature
-from ..outputs import OutputSignature
+from ..model.inputs import InputSignature
+from ..model.outputs import OutputSignature
 
 __all__ = ["Choice"]
 

@@ -36,16 +36,24 @@ from pathlib import Path
 import numpy as np
 
 from .._version import __version__
-from ..backends import backend_class
 from ..backends.base import Backend
+from ..backends.registry import backend_class
 from ..backends.tf_function import tensorflow_missing
-from ..environment import collect_environment, differences, fingerprint, install_hint
 from ..errors import ArtifactError, EnvironmentMismatchError, ExportError, one_line
-from ..inputs import InputSignature
-from ..outputs import OutputSignature, TensorSpec
+from ..model.inputs import InputSignature
+from ..model.outputs import (
+    OutputSignature,
+    TensorSpec,
+)
+from ..model.structure import Structure
+from ..model.target import Target
 from ..report import Report
-from ..structure import Structure
-from ..target import Target
+from ..system.environment import (
+    collect_environment,
+    differences,
+    fingerprint,
+    install_hint,
+)
 from .calling import flat_runner
 from .choice import Choice
 

@@ -1,0 +1,2 @@
+"""OpenVINO: the CPU plugin in f32, bf16 and int8 (cpu.py), NNCF's int8 quantization of the
+ONNX export (quantize.py)."""

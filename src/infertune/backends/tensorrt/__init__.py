@@ -1,0 +1,1 @@
+"""TensorRT: engines built from the ONNX export by the tensorrt package (engine.py)."""

@@ -1,0 +1,102 @@
+"""Child Python processes, started one way: this interpreter running one of infertune's
+modules (`python -m infertune.x ...`), with this process's sys.path and environment, and a
+time limit on whatever waits for them.
+
+Three kinds use it: the rehearsal child (pipeline/isolation.py: long-lived, a line protocol
+on its pipes, a deadline per job), the TensorFlow worker (pipeline/tf_worker.py: one
+conversion beside this process's work, waited for with a limit) and a large model's TFLite
+conversion (backends/litert/child.py: run to its end within a limit).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from typing import IO, Any
+
+__all__ = [
+    "ChildTimeout",
+    "ChildUnavailable",
+    "child_environment",
+    "python_executable",
+    "run_module",
+    "start_module",
+]
+
+
+class ChildUnavailable(Exception):
+    """No child process can be started here (an embedded interpreter, no sys.executable)."""
+
+
+class ChildTimeout(Exception):
+    """A child process did not finish within its time limit (it was killed)."""
+
+
+def python_executable() -> str:
+    """This interpreter's executable, if it is one that `-m` runs (not an embedding host)."""
+    python = sys.executable
+    if not python:
+        raise ChildUnavailable("sys.executable is not set (an embedded interpreter)")
+    if not os.path.basename(python).lower().startswith(("python", "pypy")):
+        raise ChildUnavailable(f"sys.executable is {python}, not a Python interpreter")
+    return python
+
+
+def child_environment(**extra: str) -> dict[str, str]:
+    """The environment for a child that imports what this process does: this process's,
+    with its sys.path as PYTHONPATH (an editable install, a test's path), `extra` on top."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if isinstance(p, str) and p)
+    env.update(extra)
+    return env
+
+
+def start_module(
+    module: str,
+    *args: str,
+    stdin: int | IO[Any] | None = subprocess.DEVNULL,
+    stdout: int | IO[Any] | None = subprocess.DEVNULL,
+    stderr: int | IO[Any] | None = subprocess.DEVNULL,
+    text: bool = False,
+    env: dict[str, str] | None = None,
+) -> subprocess.Popen:
+    """`python -m module args...` started, not waited for; `env` on top of
+    child_environment(). Raises ChildUnavailable where no child can start."""
+    python = python_executable()
+    try:
+        return subprocess.Popen(
+            [python, "-m", module, *args],
+            stdin=stdin,
+            stdout=stdout,
+            stderr=stderr,
+            env=child_environment(**(env or {})),
+            text=text,
+            errors="replace" if text else None,
+            bufsize=1 if text else -1,
+        )
+    except (OSError, ValueError) as exc:
+        raise ChildUnavailable(f"cannot start {python} ({exc})") from exc
+
+
+def run_module(
+    module: str, *args: str, timeout_s: float, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
+    """`python -m module args...` run to its end, its output captured as text; killed and
+    ChildTimeout past `timeout_s` seconds."""
+    process = start_module(
+        module, *args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+    )
+    try:
+        stdout, stderr = process.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.communicate()
+        raise ChildTimeout(
+            f"python -m {module} did not finish within {timeout_s:g} s and was killed"
+        ) from None
+    except BaseException:
+        process.kill()
+        process.wait()
+        raise
+    return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
