@@ -477,7 +477,7 @@ class Fp16OnCpu(IoBindingOnCpu, OnnxRuntimeCudaFp16):
 
 
 def test_cuda_fp16_asks_cudnn_for_its_heuristic_convolution_algorithms():
-    """On an H100 (docs/gpu.md, the seventh pass) cuDNN's heuristic choice ran MobileNetV2's
+    """On an H100 (docs/gpu.md) cuDNN's heuristic choice ran MobileNetV2's
     float16 convolutions 0.84-0.85x the time of the exhaustive search's at batch 32, and the
     same at batch 1; float32 gained nothing, so it keeps the provider's default."""
     fp16, fp32 = OnnxRuntimeCudaFp16(cuda_graph=True), OnnxRuntimeCuda(cuda_graph=True)

@@ -42,6 +42,44 @@ def test_a_package_is_tuned_from_its_files_and_reproduces_the_model(dict_package
     assert any("tuned from the package" in note for note in opt.report.notes)
 
 
+def test_a_tuned_package_reports_what_a_tuned_model_reports(dict_package):
+    """The model and its package go through the same contest (pipeline/contest.py), so the two
+    reports have the same parts: the memory line, the diagnosis, the stages, the notes on
+    verification and on the rule, and candidates with the same fields filled in."""
+    model, path = dict_package
+    sample = dict_sample(np.random.default_rng(0))
+    backends = ["onnxruntime-cpu", "litert"]
+    from_model = infertune.optimize(
+        model, sample, backends=backends, batch_sizes=[4, 16], verbose=False
+    ).report
+    from_package = infertune.optimize(path, backends=backends, verbose=False).report
+
+    def parts(report) -> dict:
+        data = report.to_dict()
+        return {
+            "sections": sorted(k for k, v in data.items() if v not in (None, [], {}, "")),
+            "memory": sorted(report.memory or {}),
+            "diagnosis": report.diagnosis is not None and report.diagnosis.peak_gflops > 0,
+            "stages": sorted(report.stages.shared) if report.stages else [],
+            "verified": [n.split(" inputs:")[0] for n in report.notes if "inputs:" in n],
+            "rule": any(n.startswith("an element fails when") for n in report.notes),
+            "measured": {
+                c.name: sorted(k for k, v in c.to_dict().items() if v is not None)
+                for c in report.candidates
+                if c.name in backends
+            },
+        }
+
+    model_parts, package_parts = parts(from_model), parts(from_package)
+    assert model_parts["memory"] == package_parts["memory"] != []
+    assert model_parts["diagnosis"] and package_parts["diagnosis"]
+    assert model_parts["verified"] == package_parts["verified"] != []
+    assert model_parts["rule"] and package_parts["rule"]
+    assert model_parts["measured"] == package_parts["measured"]
+    assert model_parts["sections"] == package_parts["sections"]
+    assert {"measurement", "environment", "warm-up"} <= set(package_parts["stages"])
+
+
 def test_a_package_keeps_the_options_that_decide_the_result(dict_package):
     _, path = dict_package
     with pytest.raises(OptionError, match="decides the result"):

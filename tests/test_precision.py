@@ -591,7 +591,7 @@ def test_the_predictions_beside_the_conversions_are_made_by_a_runtime_that_sleep
     that sleeps where it is within QUIET_WITHIN of the fastest, else to the fastest."""
     from infertune.backends.registry import BACKENDS
     from infertune.pipeline.context import Candidate
-    from infertune.pipeline.preparing import QUIET_WITHIN, _quiet_maker
+    from infertune.pipeline.judging import QUIET_WITHIN, quiet_maker
     from infertune.report import CandidateResult
 
     def candidate(name):
@@ -601,10 +601,10 @@ def test_the_predictions_beside_the_conversions_are_made_by_a_runtime_that_sleep
     assert spinning.backend.cooldown_s and not sleeping.backend.cooldown_s
     both = [spinning, sleeping]
     close = {spinning.name: 1.0, sleeping.name: QUIET_WITHIN * 0.99}
-    assert _quiet_maker(both, close) is sleeping
+    assert quiet_maker(both, close) is sleeping
     far = {spinning.name: 1.0, sleeping.name: QUIET_WITHIN * 1.01}
-    assert _quiet_maker(both, far) is spinning
-    assert _quiet_maker([spinning], {spinning.name: 1.0}) is spinning
+    assert quiet_maker(both, far) is spinning
+    assert quiet_maker([spinning], {spinning.name: 1.0}) is spinning
 
 
 def _converters_int8(target, calibration) -> bytes:

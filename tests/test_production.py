@@ -5,7 +5,7 @@ preprocessing layers. What a service relies on: opt(x) returns the model's own o
 check of a dict of arrays accepts what the model takes (casting ids as Keras would) and
 refuses the rest with a message naming the input.
 
-String inputs, lookup layers and CategoryEncoding are another part of the work (issue 23):
+String inputs, lookup layers and CategoryEncoding are another part of the work:
 their tiny versions come with it.
 """
 

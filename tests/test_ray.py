@@ -363,7 +363,7 @@ def _names(pids: list[int]) -> list[str]:
 
 # -- Ray Serve under hostile input and faults ---------------------------------------------------
 def _replica_pids() -> list[int]:
-    """The pids of the OpenInferenceServer replicas of this session's Ray (not of another
+    """The pids of the OpenInferenceServer replicas of the Ray this test started (not of another
     Ray on the machine): Ray titles a replica's worker process
     `ray::ServeReplica:APP:OpenInferenceServer`."""
     pids = []

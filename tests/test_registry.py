@@ -64,7 +64,7 @@ def test_a_shared_conversion_is_built_once_by_its_registered_function(rng):
     target = target_for(dense_model(), rng.standard_normal((2, 6)).astype("float32"))
     first = shared(target, "onnx")
     assert shared(target, "onnx") is first
-    assert target.built() == {"onnx"}
+    assert target.conversions.built() == {"onnx"}
 
 
 def test_the_command_line_takes_its_choices_and_defaults_from_the_options():

@@ -309,11 +309,11 @@ def test_a_conversion_built_inside_another_is_timed_once():
     start = time.perf_counter()
     target.shared("outer", outer)
     end = time.perf_counter()
-    seconds = target.built_between(start, end)
+    seconds = target.conversions.built_between(start, end)
     assert seconds["inner"] >= 1.0
     assert 0.2 <= seconds["outer"] < 1.0, seconds  # 1.2 s and more counting the inner one
     assert sum(seconds.values()) <= end - start
-    assert target.shared_seconds(["outer", "inner"]) <= end - start
+    assert target.conversions.shared_seconds(["outer", "inner"]) <= end - start
 
 
 # -- shortcuts give what the long way gave ----------------------------------------------------

@@ -66,65 +66,39 @@ def optimize(
 ) -> Optimized:
     """Try every candidate backend that can run here and return the fastest correct one.
 
+    docs/api.md is the reference for every argument; in short:
+
     Args:
-        model: a keras.Model, tf.Module or tf.function, or the path of a SavedModel
-            directory or a .keras/.h5 file; or the directory of a package
-            (`infertune.package`), tuned here without TensorFlow or the model (no
-            sample_input then: the package holds it; only backends, time_budget_s,
-            isolation and candidate_timeout_s may be set, the package's options decide the
-            rest).
+        model: a keras.Model, tf.Module or tf.function, the path of a SavedModel directory
+            or a .keras/.h5 file, or a package's directory (`infertune.package`: tuned here
+            without TensorFlow; no sample_input then, and only backends, time_budget_s,
+            isolation and candidate_timeout_s may be set).
         sample_input: one batch exactly as `model(sample_input)` takes it (array, tf.Tensor,
             list/tuple or dict of them). Axis 0 is the batch.
-        backends: candidate names to try (see `infertune.available_backends()`), or Backend
-            instances; None tries every candidate that can run here. The model's own call
-            is always measured as the reference.
-        rtol, atol: output-match tolerance (scale-aware, see docs/how-it-works.md).
-        objective: "latency" (median per call) or "throughput" (samples/s at the sample's
-            batch size).
+        backends: candidate names (`infertune.available_backends()`) or Backend instances;
+            None tries every candidate that can run here. The model's own call is always
+            measured as the reference.
+        rtol, atol: output-match tolerance (scale-aware, docs/how-it-works.md).
+        objective: "latency" (median per call) or "throughput" (samples/s).
         time_budget_s: budget for the whole call; candidates not reached are "skipped".
-        precision: precisions allowed ("fp32", "fp16", "bf16", "int8"). Reduced-precision
-            candidates are judged by `accuracy`, or without it by their agreement with the
-            model (docs/api.md "Reduced precision"), never by rtol/atol.
-        cache: a directory for the tuning cache (`~` is expanded). A result tuned before for
-            the same model (definition and weights), input signature, options and
-            environment is loaded from it, checked on the sample and returned without
-            tuning (`report.from_cache`); otherwise the new result is stored there. See
-            docs/deploy.md.
-        batch_sizes: batch sizes a service calls the model at (e.g. [1, 8, 64]). Every
-            candidate is verified and measured at each (and at the sample's), the fastest is
-            chosen per batch size, and the callable sends each call to the choice for the
-            smallest tuned batch size at or above the call's (the largest one beyond them).
-            None: the sample's batch size only. The model's batch dimension must be free.
-        latency_budget_ms: with objective="throughput", only (batch size, candidate) pairs
-            whose p99 stays within this many ms are chosen; the report gives the largest
-            batch size that meets it (a server's max batch size) and the best samples/s.
-        concurrency: how many callers call the result at once (a web server's worker
-            threads, requests in flight). Every candidate is measured with that many threads
-            calling it together, its latency per call under that load and its samples/s in
-            total, and candidates are ranked by their mean call under that load (N / the
-            calls per second in total), whatever the objective; variants that share the cores
-            better (fewer threads per call, no spinning) are among the candidates. 1 (the
-            default): one caller; the report then says in one line where two or four callers
-            would be served better by another candidate.
-        isolation: how a candidate that crashes or hangs is contained. "process" (default):
-            native runtimes (ONNX Runtime, OpenVINO, LiteRT) first compile and run the
-            verification inputs in a child process, so a segfault or an out-of-memory kill
-            there makes the candidate `failed`, not the caller's process die; every stage
-            also has the deadline below. "thread": the deadline only. "off": neither.
-        candidate_timeout_s: seconds one candidate may take to convert, compile, run first
-            and verify; past it, it is reported `timeout`. None: no limit.
-        reference: what every candidate must reproduce. "eager" (default): the model's own
-            call, `model(x)`. "traced": its traced graph, `tf.function(model)`, which is what
-            `model.predict()` and `model.export()` compute; for a model whose two differ
-            (Keras' Resizing on a uint8 input rounds to uint8 eagerly, not when traced) and
-            whose production call is predict() or an exported model. The report states
-            which was used and how far the other one is from it.
-        calibration: representative inputs (arrays, a dict of arrays, a tf.data.Dataset or
-            an iterable of batches, as the model takes them) that static int8 calibrates its
-            activation ranges on; without it, static int8 candidates are skipped.
+        precision: precisions allowed ("fp32", "fp16", "bf16", "int8"); reduced precision is
+            judged by `accuracy`, or by agreement with the model, never by rtol/atol.
+        cache: a directory for the tuning cache: a result tuned before for the same model,
+            signature, options and environment is checked on the sample and returned.
+        batch_sizes: batch sizes a service calls at (e.g. [1, 8, 64]): the fastest candidate
+            is chosen per batch size; None: the sample's only (the batch must be free).
+        latency_budget_ms: with objective="throughput", only choices whose p99 stays within it.
+        concurrency: how many callers call the result at once; candidates are measured and
+            ranked under that load. 1: one caller (the report says where more would differ).
+        isolation: "process" (default: native runtimes rehearse in a child process, so a
+            crash or out-of-memory kill fails the candidate, not the caller), "thread"
+            (deadlines only) or "off".
+        candidate_timeout_s: seconds one candidate may take before it is `timeout`.
+        reference: "eager" (default: `model(x)`) or "traced" (`tf.function(model)`, what
+            predict() and export() compute).
+        calibration: representative inputs static int8 calibrates its ranges on.
         accuracy: `infertune.Accuracy(data=(x, y), metric="accuracy", max_drop=0.01)`: the
-            task a reduced-precision candidate must keep (its metric on labelled data, never
-            the calibration data, may drop by at most max_drop, with a statistical margin).
+            task a reduced-precision candidate must keep.
         verbose: progress lines on stderr.
 
     Returns:
@@ -146,22 +120,7 @@ def optimize(
             "sample_input is missing: give one batch as model(sample_input) takes it (only a "
             "package's directory is tuned without one)."
         )
-    options = Options.checked(
-        backends=backends,
-        rtol=rtol,
-        atol=atol,
-        objective=objective,
-        time_budget_s=time_budget_s,
-        precision=precision,
-        batch_sizes=batch_sizes,
-        latency_budget_ms=latency_budget_ms,
-        concurrency=concurrency,
-        isolation=isolation,
-        candidate_timeout_s=candidate_timeout_s,
-        reference=reference,
-        calibration=calibration,
-        accuracy=accuracy,
-    )
+    options = Options.checked(**given)
     if cache is not None and not isinstance(cache, str | os.PathLike):
         raise OptionError(
             f"cache must be a directory path or None. Received: cache={cache!r} of type "

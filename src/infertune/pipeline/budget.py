@@ -71,7 +71,7 @@ def fits_time(state: Candidate, run: Preparation, pending: list[Candidate]) -> b
         if budget.left_s() > budget.after_s(len(run.contenders) + 1):
             return True
         return skip(state, run, f"not reached within time_budget_s={budget.time_budget_s:g}")
-    built = run.target.built() | {k for s in pending for k in s.backend.conversions}
+    built = run.target.conversions.built() | {k for s in pending for k in s.backend.conversions}
     seconds, how = estimate_s(state.backend, run.probe, built, run.record)
     state.estimate = (seconds, how)
     run.estimates[name] = seconds

@@ -10,6 +10,7 @@ plain tf.function makes over several batch sizes. What could not be measured say
 from __future__ import annotations
 
 import logging
+import sys
 import time
 from collections import Counter
 from contextlib import nullcontext
@@ -55,18 +56,22 @@ def measure_float32_ceiling(size: int = 1024, seconds: float = 0.25) -> float:
     (an OpenBLAS pinned to older kernels by OPENBLAS_CORETYPE, as on some shared machines).
     """
     if size not in _PEAK_CACHE:
-        import tensorflow as tf
-
         rng = np.random.default_rng(0)
         a = rng.random((size, size), dtype=np.float32)
         b = rng.random((size, size), dtype=np.float32)
-        ta, tb = tf.constant(a), tf.constant(b)
-        best = min(
-            _best_time(lambda: a @ b, seconds),
-            _best_time(lambda: tf.linalg.matmul(ta, tb).numpy(), seconds),
-        )
+        best = _best_time(lambda: a @ b, seconds)
+        tf = _tensorflow()
+        if tf is not None:
+            ta, tb = tf.constant(a), tf.constant(b)
+            best = min(best, _best_time(lambda: tf.linalg.matmul(ta, tb).numpy(), seconds))
         _PEAK_CACHE[size] = 2 * size**3 / best / 1e9
     return _PEAK_CACHE[size]
+
+
+def _tensorflow() -> Any:
+    """TensorFlow where this process has it loaded already (a model is being tuned), else
+    None: tuning a package never imports it, even where it is installed."""
+    return sys.modules.get("tensorflow")
 
 
 def _best_time(fn, seconds: float) -> float:
@@ -243,7 +248,7 @@ def advise(diagnosis: Diagnosis) -> list[str]:
 
 # -- the diagnosis of an optimize() run --------------------------------------------------
 def diagnose(
-    source: ModelSource,
+    source: ModelSource | None,
     signature: InputSignature,
     sample: list[np.ndarray],
     results: list[CandidateResult],
@@ -253,13 +258,15 @@ def diagnose(
     flops: tuple[int | None, str] | None = None,
     record: MachineRecord | None = None,
     timed: Callable[[str], AbstractContextManager] | None = None,
+    description: str | None = None,
 ) -> Diagnosis:
     """The diagnosis part every report carries: rates of the measured paths against the peak.
 
-    `flops`: the count and its note where the run already has them (planning counts them
-    before the candidates); `record`: this machine's record, whose peak is used where one was
-    measured before (and stored once measured); `timed(stage)`: a context manager timing
-    each part (optimize()'s stage record)."""
+    `source`: the model, None where the run has only its package (then `flops` and
+    `description` are given); `flops`: the count and its note where the run already has them
+    (planning counts them before the candidates); `record`: this machine's record, whose peak
+    is used where one was measured before (and stored once measured); `timed(stage)`: a
+    context manager timing each part (optimize()'s stage record)."""
 
     def stage(name: str) -> AbstractContextManager:
         return timed(name) if timed is not None else nullcontext()
@@ -278,7 +285,7 @@ def diagnose(
         if r is not None and r.latency is not None:
             paths.append(rate_of(r.name, r.first_call_ms, r.latency.p50, flops, peak))
     diagnosis = Diagnosis(
-        model=source.description,
+        model=description or source.description,
         batch_size=signature.sample_batch,
         flops=flops,
         flops_note=flops_note,
@@ -311,16 +318,17 @@ def machine_peak(record: MachineRecord | None) -> float:
 
 
 def _threads_in_use(selected: CandidateResult | None) -> dict:
-    import tensorflow as tf
-
     cores = usable_cores()
-    intra = tf.config.threading.get_intra_op_parallelism_threads()
-    inter = tf.config.threading.get_inter_op_parallelism_threads()
-    threads = {
-        "tensorflow_intra_op": intra or f"default ({cores} cores)",
-        "tensorflow_inter_op": inter or "default",
-        "usable_cores": cores,
-    }
+    threads: dict = {"usable_cores": cores}
+    tf = _tensorflow()
+    if tf is not None:
+        intra = tf.config.threading.get_intra_op_parallelism_threads()
+        inter = tf.config.threading.get_inter_op_parallelism_threads()
+        threads = {
+            "tensorflow_intra_op": intra or f"default ({cores} cores)",
+            "tensorflow_inter_op": inter or "default",
+            **threads,
+        }
     if selected is not None and selected.name.startswith("onnxruntime-cpu"):
         marker = ":threads="
         chosen = selected.name.split(marker)[1].split(":")[0] if marker in selected.name else None

@@ -80,7 +80,8 @@ def conversion_memory_learned(target: Target) -> dict[str, tuple[int, int]]:
     weights = target.weights_measured or 0
     if not weights:
         return {}
-    return {memory_key(key, weights): (weights, peak) for key, peak in target.memory_peaks.items()}
+    peaks = target.conversions.memory_peaks
+    return {memory_key(key, weights): (weights, peak) for key, peak in peaks.items()}
 
 
 def conversion_bytes(key: str, record: MachineRecord | None, weights: int) -> tuple[float, str]:
@@ -135,7 +136,7 @@ def fits_memory(state: Candidate, run: Preparation, states: list[Candidate]) -> 
     tight = run.memory_tight is not None
     held = sum(holding[:KEEP_AT_ONCE] if tight else holding)
     own = backend.memory_factor * weights
-    conversions = [k for k in backend.conversions if k not in target.built()]
+    conversions = [k for k in backend.conversions if k not in target.conversions.built()]
     compiling = backend.compile_memory_factor * weights
     estimates = [conversion_bytes(k, run.record, weights) for k in conversions]
     converting = sum(need for need, _ in estimates)

@@ -58,7 +58,7 @@ def offload(others: list[Candidate], run: Preparation) -> None:
             and s.backend.available() is None
             for s in others
         )
-        if not needed or key in run.target.built():
+        if not needed or key in run.target.conversions.built():
             continue
         if mode == "auto" and conversion_estimate_s(key, run.probe, run.record) < OFFLOAD_MIN_S:
             continue
@@ -84,7 +84,7 @@ def offload(others: list[Candidate], run: Preparation) -> None:
                 f"{stage}: saving the model for a worker process",
                 text=f"starting the {stage} in a worker process",
             ):
-                run.target.offload(key, OffloadedConversion(key, run.target, classes))
+                run.target.conversions.offload(key, OffloadedConversion(key, run.target, classes))
         except Exception as exc:  # it is made here, as without a worker
             run.target.notes.append(f"no worker process for the {stage}: {one_line(exc)}")
 

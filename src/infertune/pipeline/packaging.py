@@ -31,6 +31,7 @@ from __future__ import annotations
 import json
 import shutil
 import time
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -50,37 +51,17 @@ from ..model.outputs import OutputSignature
 from ..model.structure import Structure
 from ..model.target import Target
 from ..options import DEFAULTS, Options
-from ..precision.data import (
-    LabelledBatch,
-    arrays_batches,
-    batches_arrays,
-    numbered,
-)
-from ..precision.gate import (
-    PrecisionData,
-    precision_data,
-)
+from ..precision.data import LabelledBatch, arrays_batches, batches_arrays, numbered
+from ..precision.gate import PrecisionData
 from ..report import Report
 from ..report.progress import Progress
 from ..result.choice import Choice
-from ..result.saved import file_sha256
+from ..result.saved import check_target, file_sha256
 from ..system.environment import collect_environment
-from .budget import Budget
-from .context import Preparation
-from .isolation import Isolation
-from .measuring import close_quietly, measure_batches
+from .contest import contest
+from .frame import Frame, Model, frame_model
 from .planning import Probe
-from .preparing import prepare_all
-from .reference import (
-    Check,
-    output_signature,
-    probe,
-    reference_outputs,
-    tuned_batch_sizes,
-    verification_inputs,
-)
-from .selection import choose
-from .tune import Model, reference_kind
+from .reference import Check, tuned_batch_sizes
 
 __all__ = ["FORMAT", "FORMAT_VERSION", "Package", "is_package", "make_package", "tune_package"]
 
@@ -99,45 +80,27 @@ TUNING_HERE = ("backends", "time_budget_s", "isolation", "candidate_timeout_s")
 def make_package(model: Model, options: Options, path: Path, progress: Progress) -> Path:
     """Write the package of `model` (loaded, its data read) tuned with `options` to `path`
     (new or an empty directory)."""
-    from ..model.splitting import find_split
-    from ..result.saved import check_target
-
     if options.accuracy is not None and not isinstance(options.accuracy.metric, str):
         raise OptionError(
             f"a package keeps a named metric only ({', '.join(METRICS)}): a function cannot "
             f"be stored. Received: metric={options.accuracy.name!r}."
         )
     check_target(path)
-    source, signature, sample = model.source, model.signature, model.sample
-    batch_sizes = tuned_batch_sizes(options.batch_sizes, signature)
-    with progress.timed("reference", text="computing reference outputs"):
-        reference, structure, _ = reference_outputs(source, signature, sample)
-    dtypes = [r.dtype for r in reference]
-    target = Target(source, signature, structure, dtypes, options.objective, options.concurrency)
-    reference, _, call = reference_kind(target, sample, reference, options, progress)
-    target.output_dtypes = [r.dtype for r in reference]
-    with progress.timed("verification inputs"):
-        checks, call_s = verification_inputs(
-            source, signature, sample, reference, progress, batch_sizes, call
-        )
-    outputs = output_signature(structure, signature, checks)
-    with progress.timed("FLOP count", text="counting the model's arithmetic (one trace of it)"):
-        planned = probe(source, signature, sample, checks, call_s, None)
+    frame = frame_model(model, options, progress)
+    target, signature, checks, outputs = frame.target, frame.signature, frame.checks, frame.outputs
+    structure, planned = target.output_structure, frame.probe
     needs_tensorflow = None
     if signature.strings:
         needs_tensorflow = "the model takes strings, which only TensorFlow runs"
-    else:
-        split, _ = find_split(source, signature, sample)
-        if split is not None:
-            needs_tensorflow = f"the model is {split.describe()}: its head runs in TensorFlow"
-    reference_call = call or (lambda flat: source.call_flat(signature, flat)[0])
-    data = precision_data(
-        model.calibration, options.accuracy, model.labelled, outputs, reference_call
-    )
+    elif frame.split is not None:
+        needs_tensorflow = f"the model is {frame.split.describe()}: its head runs in TensorFlow"
+    data = frame.precision or PrecisionData(accuracy=options.accuracy)
+    if data.calibration and not data.calibration_reference:
+        data.calibration_reference = [data.reference_call(b) for b in data.calibration]
     data.complete()  # every prediction by the model itself: the package stores them
     path.mkdir(parents=True, exist_ok=True)
     try:
-        conversions = _write_conversions(target, options, path, progress, model.calibration)
+        conversions = _write_conversions(target, options, path, progress, data.calibration)
         _write_arrays(path / "data" / "checks.npz", _check_arrays(checks))
         if data.calibration:
             arrays = batches_arrays("in", data.calibration) | batches_arrays(
@@ -154,7 +117,7 @@ def make_package(model: Model, options: Options, path: Path, progress: Progress)
             "format_version": FORMAT_VERSION,
             "infertune": __version__,
             "made_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            "model": source.description,
+            "model": frame.description,
             "inputs": signature.to_dict(),
             "structure": structure.to_dict(),
             "dtypes": [np.dtype(d).str for d in target.output_dtypes],
@@ -351,6 +314,34 @@ class Package:
                 target.preload_failure(key, "not in the package (int8 was not allowed there)")
         return target
 
+    def frame(self, options: Options) -> Frame:
+        """The frame the contest runs on: the stored checks, outputs, probe and data, the
+        conversions preloaded, the candidates that run from files (those that need the
+        model `unavailable`, saying so)."""
+        manifest = self.manifest
+        signature = self.signature
+        checks = self.checks()
+        target = self.target(options)
+        precision = self.precision(options)
+        target.calibration = precision.calibration or None
+        batch_sizes = tuned_batch_sizes(options.batch_sizes, signature)
+        precision.batch_sizes = [n for n in batch_sizes or [] if n != signature.sample_batch]
+        stored = manifest["probe"]
+        planned = Probe(
+            stored["flops"], stored["flops_note"], Counter(stored["op_types"]),
+            stored["trace_s"], stored["call_s"], stored["checks"],
+        )  # fmt: skip
+        note = (
+            f"tuned from the package '{self.path}' (made {manifest['made_at']} by infertune "
+            f"{manifest['infertune']}, on {manifest['environment'].get('cpu', {}).get('model')}); "
+            f"verified against the model's outputs stored there"
+        )
+        return Frame(
+            f"{manifest['model']} (package)", signature, checks[0].inputs, target, checks,
+            OutputSignature.from_dict(manifest["outputs"]), planned,
+            package_candidates(options), batch_sizes, precision, notes=[note],
+        )  # fmt: skip
+
 
 # -- tuning one ------------------------------------------------------------------------------
 class NeedsModel(Backend):
@@ -373,6 +364,19 @@ class NeedsModel(Backend):
 
     def run(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
         raise RuntimeError(self.available())
+
+
+def package_candidates(options: Options) -> list[Backend]:
+    """The candidates of a package's tuning: those that run from its conversions, the others
+    (the model's own call, tf.function, XLA) `unavailable`."""
+    backends: list[Backend] = [NeedsModel("keras-eager")]
+    wanted = list(BACKENDS) if options.backends is None else list(options.backends)
+    for name in wanted:
+        backend = name if isinstance(name, Backend) else BACKENDS[name]()
+        if not backend.conversions and not isinstance(name, Backend):
+            backend = NeedsModel(backend.name, backend.precision)
+        backends.append(backend)
+    return backends
 
 
 def package_options(package: Package, given: dict) -> Options:
@@ -420,7 +424,7 @@ def _with(options: Options, **fields: Any) -> Options:
 
 
 def tune_package(package: Package, options: Options, progress: Progress) -> tuple[Choice, Report]:
-    """The pipeline's stages from a package: prepare, verify (against the stored outputs),
+    """The pipeline's contest on a package: prepare, verify (against the stored outputs),
     measure and select every candidate that runs from its files here."""
     manifest = package.manifest
     if manifest.get("needs_tensorflow"):
@@ -428,85 +432,4 @@ def tune_package(package: Package, options: Options, progress: Progress) -> tupl
             f"This package needs TensorFlow where it is tuned ({manifest['needs_tensorflow']}): "
             f"tune the model itself with optimize(model, x) there."
         )
-    signature = package.signature
-    sample_checks = package.checks()
-    sample = sample_checks[0].inputs
-    outputs = OutputSignature.from_dict(manifest["outputs"])
-    target = package.target(options)
-    precision = package.precision(options)
-    target.calibration = precision.calibration or None
-    precision.batch_sizes = [n for n in options.batch_sizes or [] if n != signature.sample_batch]
-    stored = manifest["probe"]
-    from collections import Counter
-
-    planned = Probe(
-        stored["flops"], stored["flops_note"], Counter(stored["op_types"]), stored["trace_s"],
-        stored["call_s"], stored["checks"],
-    )  # fmt: skip
-    with progress.timed("environment"):
-        environment = collect_environment()
-    budget = Budget(options.time_budget_s, options.deadline)
-    isolation = Isolation(options.isolation, options.candidate_timeout_s)
-    run = Preparation(target, sample_checks, options, progress, isolation, budget, planned, None)
-    run.precision = precision
-    backends: list[Backend] = [NeedsModel("keras-eager")]
-    wanted = list(BACKENDS) if options.backends is None else list(options.backends)
-    for name in wanted:
-        backend = name if isinstance(name, Backend) else BACKENDS[name]()
-        if not backend.conversions and not isinstance(name, Backend):
-            backend = NeedsModel(backend.name, backend.precision)
-        backends.append(backend)
-    try:
-        prepared = prepare_all(backends, run)
-    finally:
-        isolation.close()
-    results, contenders = prepared.results, prepared.contenders
-    if not contenders:
-        raise ModelError(
-            "No candidate could run from the package here: "
-            + "; ".join(f"{r.name}: {r.status} ({r.reason})" for r in results[1:] if r.reason)
-        )
-    batch_sizes = sorted({*(options.batch_sizes or ()), signature.sample_batch})
-    by_batch = measure_batches(
-        contenders, sample, results, signature, batch_sizes if options.batch_sizes else None,
-        options, progress, budget, prepared.call_estimates,
-    )  # fmt: skip
-    selection = choose(
-        results, contenders, by_batch, options, signature, outputs,
-        batch_sizes if options.batch_sizes else None,
-    )  # fmt: skip
-    choice = selection.choice
-    kept = {id(b) for b in choice.backends}
-    for backend in contenders.values():
-        if id(backend) not in kept:
-            close_quietly(backend)
-    progress.times.total_s = progress.elapsed()
-    notes = [
-        f"tuned from the package '{package.path}' (made {manifest['made_at']} by infertune "
-        f"{manifest['infertune']}, on {manifest['environment'].get('cpu', {}).get('model')}); "
-        f"verified against the model's outputs stored there on {len(sample_checks)} inputs: "
-        + ", ".join(c.label for c in sample_checks),
-        precision.rule if any(r.gate for r in results) else "",
-    ]
-    report = Report(
-        model=f"{manifest['model']} (package)",
-        signature=signature.describe(),
-        batch_size=signature.sample_batch,
-        objective=options.objective,
-        rtol=options.rtol,
-        atol=options.atol,
-        candidates=results,
-        environment=environment,
-        selected=choice.selected.name,
-        selection_reason=selection.reason,
-        total_s=progress.times.total_s,
-        notes=[n for n in notes if n],
-        diagnosis=None,
-        batches=selection.batches,
-        latency_budget_ms=options.latency_budget_ms,
-        stages=progress.times,
-        general_backend=choice.general.name if choice.exact_shape else None,
-        general_reason=selection.general_reason,
-    )
-    progress.say(f"selected {choice.selected.name}: {selection.reason}")
-    return choice, report
+    return contest(package.frame(options), options, progress)

@@ -20,12 +20,11 @@ fastest first, and only while they can still be chosen; the searches for a quant
 passes come last, on the same rule. The model's predictions on the labelled data are made by a
 verified float32 candidate (faster than the model), in a thread of their own beside the
 conversions still to come, once the float32 candidates started so far are verified
-(`_predict_early`).
+(judging.py `predict_early`).
 """
 
 from __future__ import annotations
 
-import contextlib
 import math
 import time
 from collections import Counter
@@ -33,39 +32,28 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FuturesTimeout
 from dataclasses import dataclass
-from typing import Any
-
-import numpy as np
 
 from ..backends import Backend
-from ..backends.base import NotApplicable, RunFacts
-from ..errors import one_line
-from ..export.registry import stage_name
+from ..backends.base import RunFacts
 from ..report import CandidateResult
 from ..system.resources import page_out_own_files
 from .budget import BudgetOver, fits_time
 from .context import Candidate, Preparation
 from .isolation import (
-    CandidateCrashed,
-    CandidateTimeout,
     Isolation,
     NotRehearsable,
     Rehearsal,
-    RehearsalError,
     RehearsalUnavailable,
 )
+from .judging import failed_gate, judge_waiting, judged_now, predict_early, search_waiting
 from .memory import fits_memory, memory_budget
 from .offload import offload
 from .planning import order_candidates
-from .precision import SEARCH_FASTER, raced, rivals, search, serves_several, time_together
+from .steps import JudgeLater, contend, guarded, timed_in_background, timed_stage
 from .tournament import keep, memory_tight, skip_variant, wait_for_rehearsals
-from .verifying import Mismatch, checks_for, first_call_and_verify, judge_candidate
+from .verifying import Mismatch, checks_for, first_call_and_verify
 
 __all__ = ["Prepared", "prepare_all"]
-
-# The predictions beside the conversions are made by a runtime that sleeps between calls where
-# one is at most this much slower than the fastest (call estimates: a few calls, some cold).
-QUIET_WITHIN = 1.5
 
 
 @dataclass
@@ -140,23 +128,23 @@ def prepare_all(candidates: list[Backend], run: Preparation) -> Prepared:
             run.started += 1
             if background is None:
                 if _in_process(state, run, isolation):
-                    _contend(state, run)
+                    contend(state, run)
             elif _start(state, run, background):
                 pending.append(state)
                 if state.backend.precision == "fp32":
-                    state.future.add_done_callback(lambda _: _predict_early(run))
+                    state.future.add_done_callback(lambda _: predict_early(run))
         run.converted.set()
         for state in pending:
             _finish(state, run)
-        _judge_waiting(run)
-        _search_waiting(run)
+        judge_waiting(run)
+        search_waiting(run)
     finally:
         run.converted.set()
         if background is not None:
             background.shutdown(wait=False)  # every task was waited for, or abandoned
         if run.predicting is not None:  # no candidate is closed while it runs one
             run.predicting[1].result()
-        target.close_offloaded()
+        target.conversions.close_offloaded()
         target.release_traced()  # every conversion that starts from it is made
     return Prepared([s.result for s in states], run.contenders, run.call_estimates, tried)
 
@@ -201,54 +189,15 @@ def _admitted(state: Candidate, run: Preparation, is_reference: bool = False) ->
 
 
 # -- the stages ---------------------------------------------------------------------------
-def _stage(
-    state: Candidate, run: Preparation, stage: str, text: str, fn: Callable[[], Any],
-    track: bool = True,
-) -> Any:  # fmt: skip
-    """fn() as `stage` of the candidate, timed; shared conversions built meanwhile are
-    timed as shared stages of their own, not as the candidate's. `track`: the stage is the
-    one a failure is reported at (not for a wait on work done elsewhere)."""
-    if track:
-        state.stage = stage
-    run.progress.stage(text)
-    start = time.perf_counter()
-    try:
-        return fn()
-    finally:
-        end = time.perf_counter()
-        shared = run.target.built_between(start, end)
-        for key, seconds in shared.items():
-            run.progress.times.add(stage_name(key), seconds)
-        own = end - start - sum(shared.values())
-        run.progress.times.add(stage, own, state.name)
-        if track:
-            state.seconds[stage] = state.seconds.get(stage, 0.0) + own
-
-
-def _background_stage(
-    state: Candidate, run: Preparation, stage: str, text: str, fn: Callable[[], Any]
-) -> Any:
-    """fn() as `stage` of the candidate in the background thread: timed apart (off this
-    thread's timeline), shown nowhere as the current stage."""
-    state.stage = stage
-    start = time.perf_counter()
-    try:
-        return fn()
-    finally:
-        seconds = time.perf_counter() - start
-        run.progress.times.add_background(state.name, seconds, stage)
-        state.seconds[stage] = state.seconds.get(stage, 0.0) + seconds
-
-
 def _in_process(state: Candidate, run: Preparation, isolation: Isolation) -> bool:
     """Prepare, first call and verify a candidate that is not rehearsed."""
     state.deadline = _deadline(run, isolation)
 
     def compile_and_verify() -> None:
-        _compile(state, run, isolation, _stage)
+        _compile(state, run, isolation, timed_stage)
         _verify(state, run, isolation, in_background=False)
 
-    return _guarded(state, run, compile_and_verify)
+    return guarded(state, run, compile_and_verify)
 
 
 def _deadline(run: Preparation, isolation: Isolation) -> float:
@@ -269,11 +218,11 @@ def _start(state: Candidate, run: Preparation, background: ThreadPoolExecutor) -
 
     def start() -> None:
         if not rehearsed:
-            _compile(state, run, isolation, _stage)
+            _compile(state, run, isolation, timed_stage)
             state.future = background.submit(_verify, state, run, isolation, True)
             return
         started = time.perf_counter()
-        _stage(
+        timed_stage(
             state,
             run,
             "conversion",
@@ -295,7 +244,7 @@ def _start(state: Candidate, run: Preparation, background: ThreadPoolExecutor) -
             isolation.fall_back(str(exc))
         state.future = background.submit(_after_rehearsal, state, run)
 
-    return _guarded(state, run, start)
+    return guarded(state, run, start)
 
 
 def _after_rehearsal(state: Candidate, run: Preparation) -> None:
@@ -316,7 +265,7 @@ def _after_rehearsal(state: Candidate, run: Preparation) -> None:
     if budget.limited and budget.left_s() <= budget.after_s(1):
         raise BudgetOver("before its compile here")
     state.deadline = run.deadline()  # compiling here gets the full time again
-    _compile(state, run, isolation, _background_stage)
+    _compile(state, run, isolation, timed_in_background)
     _verify(state, run, isolation, in_background=True)
 
 
@@ -329,19 +278,12 @@ def _finish(state: Candidate, run: Preparation) -> None:
         text = f"{state.name}: waiting for its compile and verification"
         timeout = None if give_up is None else max(0.0, give_up - time.perf_counter())
         try:
-            _stage(state, run, "waiting", text, lambda: state.future.result(timeout), False)
+            timed_stage(state, run, "waiting", text, lambda: state.future.result(timeout), False)
         except FuturesTimeout:
             raise BudgetOver(f"during its {state.stage}") from None
 
-    if state.future is None or _guarded(state, run, wait):
-        _contend(state, run)
-
-
-def _contend(state: Candidate, run: Preparation) -> None:
-    """A verified candidate joins the measurement, unless it was closed meanwhile (keep)."""
-    with run.lock:
-        if not state.dropped:
-            run.contenders[state.name] = state.backend
+    if state.future is None or guarded(state, run, wait):
+        contend(state, run)
 
 
 def _wait(rehearsal: Rehearsal, run: Preparation, give_up_at: float) -> bool:
@@ -360,7 +302,8 @@ def _wait(rehearsal: Rehearsal, run: Preparation, give_up_at: float) -> bool:
 def _compile(state: Candidate, run: Preparation, isolation: Isolation, stage: Callable) -> None:
     """prepare() in this process, timed by `stage` (this thread's or the background's)."""
     backend, target, result = state.backend, run.target, state.result
-    used_before = len(target.used)
+    conversions = target.conversions
+    used_before = len(conversions.used)
     stage(
         state,
         run,
@@ -377,14 +320,14 @@ def _compile(state: Candidate, run: Preparation, isolation: Isolation, stage: Ca
     result.prepare_s = (
         state.seconds.get("conversion", 0.0)
         + state.seconds.get("compile", 0.0)
-        + target.shared_seconds(target.used[used_before:] + list(backend.conversions))
+        + conversions.shared_seconds(conversions.used[used_before:] + list(backend.conversions))
     )
 
 
 def _verify(state: Candidate, run: Preparation, isolation: Isolation, in_background: bool) -> None:
     """First call and verification (verifying.py; raises Mismatch), then, where memory is
     tight, the tournament. A reduced-precision candidate's gate waits for every candidate's
-    first verdict (`_JudgeLater`), except where memory is tight (it holds memory: judged at
+    first verdict (`JudgeLater`), except where memory is tight (it holds memory: judged at
     once). `in_background`: in the background thread, timed apart."""
     if in_background and run.memory_tight is not None:
         # Where memory is tight nothing runs beside the conversions: XLA compiles at its first
@@ -393,321 +336,14 @@ def _verify(state: Candidate, run: Preparation, isolation: Isolation, in_backgro
         # copy-on-read mode: the 2.46 GB recommender's table, read by tf-function's
         # verification while the export froze it), a copy its allocator kept to the end.
         run.converted.wait()
-    stage = _background_stage if in_background else _stage
-    later = run.memory_tight is None  # a gate waits for every first verdict (_judge_waiting)
+    stage = timed_in_background if in_background else timed_stage
+    later = run.memory_tight is None  # a gate waits for every first verdict (judge_waiting)
     try:
         first_call_and_verify(state, run, isolation, stage)
         if not later and state.checked is not None:
-            _judged_now(state, run, isolation, stage)
+            judged_now(state, run, isolation, stage)
     except Mismatch as exc:
-        _failed_gate(state, run, stage, exc)
+        failed_gate(state, run, stage, exc)
     if later and state.checked is not None:
-        raise _JudgeLater
+        raise JudgeLater
     keep(state, run)
-
-
-def _judged_now(state: Candidate, run: Preparation, isolation: Isolation, stage: Callable) -> None:
-    """Where memory is tight, a verified reduced-precision candidate's gate, at once (it holds
-    memory), unless it cannot be chosen: it is first timed against the fastest candidates
-    verified so far (`race`: nothing timed it with them before, as `_judge_waiting` does), and
-    one no faster is not judged (`_NotJudged`), serving one batch size and one caller. On
-    the BERT-sized encoder four gates slower than OpenVINO's int8, which had passed, took
-    26 s of optimize()'s 217 there (one run each way)."""
-    others = [] if serves_several(run) else rivals(run)
-    if others:
-        mine, rival, theirs = raced(state, run, stage, state.backend, others)
-        if rival is not None and mine is not None and mine >= theirs:
-            raise _NotJudged(_slower(rival.name, theirs, mine))
-    judge_candidate(state, run, isolation, stage)
-
-
-def _failed_gate(state: Candidate, run: Preparation, stage: Callable, failed: Mismatch) -> None:
-    """After a Mismatch: raise it again, unless the candidate is a quantized one that another
-    quantization may save (precision.py): its search then waits for every gate's verdict
-    (`_SearchLater`), or where memory is tight runs now (it holds memory: now or never)."""
-    backend = state.backend
-    if failed.judgement is None or not (backend.calibration_methods[1:] or backend.keeps_layers):
-        raise failed
-    if run.memory_tight is None:
-        state.failed_gate = failed
-        raise _SearchLater from failed
-    search(state, run, run.isolation, stage, failed)
-
-
-# The float32 candidates timed with the reduced ones before the gates, the fastest by their
-# verification calls: a bar to beat, and more rounds for the reduced ones in the second (on
-# ResNet50 224 twelve runners got three rounds, and OpenVINO's int8 timed ahead of LiteRT's,
-# which was 1.2x faster in the measurement after).
-FLOAT32_TIMED = 3
-
-
-class _JudgeLater(Exception):
-    """A reduced-precision candidate is verified: its gate waits for every first verdict."""
-
-
-class _NotJudged(Exception):
-    """A reduced-precision candidate slower than one verified: not judged (the reason)."""
-
-
-class _SearchLater(Exception):
-    """A quantized candidate failed the gate: its search waits for every gate's verdict."""
-
-
-def _judge_waiting(run: Preparation) -> None:
-    """The gate (verifying.py `judge_candidate`) for the reduced-precision candidates, once
-    every candidate has its first verdict: they and the FLOAT32_TIMED fastest float32
-    candidates are timed together on the sample (precision.py `time_together`), once the
-    model's predictions on the labelled data started beside the conversions are in
-    (`_await_predictions`; where they were not started, the fastest float32 one makes them
-    after the timing: `_complete_predictions`); then the candidates are judged the fastest
-    first, each only while it can still be chosen (`_not_judged`). On ResNet50 224 five gates
-    took 41 s of optimize()'s 135 s; the fastest candidate passed, and none of the others
-    could have been chosen."""
-    _await_predictions(run)
-    if not run.to_judge:
-        return
-    by_estimate = sorted(rivals(run), key=lambda b: run.call_estimates.get(b.name, math.inf))
-    rivals_fp32 = by_estimate[:FLOAT32_TIMED]
-    text = "timing the reduced-precision candidates and the fastest float32 ones together"
-    with run.progress.timed("timing", text=text):
-        run.sample_p50 = time_together([s.backend for s in run.to_judge] + rivals_fp32, run)
-    _complete_predictions(run, rivals_fp32)
-    budget = run.budget
-    waiting = sorted(run.to_judge, key=lambda s: run.sample_p50.get(s.name, math.inf))
-    for state in waiting:
-        state.deadline = run.deadline()
-
-        def judged(state: Candidate = state) -> None:
-            if budget.limited and budget.left_s() <= budget.after_s(1):
-                raise BudgetOver("before its gate")
-            why_not = _not_judged(state, run)
-            if why_not is not None:
-                raise _NotJudged(why_not)
-            try:
-                judge_candidate(state, run, run.isolation, _stage)
-            except Mismatch as exc:
-                _failed_gate(state, run, _stage, exc)
-
-        if _guarded(state, run, judged):
-            _contend(state, run)
-
-
-def _predict_early(run: Preparation) -> None:
-    """The model's predictions on the labelled data (precision/gate.py) started in a thread of
-    their own
-    once every float32 candidate started so far has its verdict (called as each verdict
-    comes), by a verified one (`_quiet_maker`): they then run beside the conversions still to
-    come, the quantizing ones among them (TFLite's converter keeps one core of two most of its
-    time). Not where memory is tight (nothing runs beside the conversions there), nor where no
-    reduced-precision candidate is left."""
-    data = run.precision
-    if data is None or data.predicted or run.memory_tight is not None:
-        return
-    with run.lock:
-        if run.predicting is not None:
-            return
-        float32 = [s for s in run.states if s.backend.precision == "fp32" and s.future]
-        if any(not s.future.done() for s in float32):
-            return
-        if not any(s.backend.precision != "fp32" and s.result.status == "ok" for s in run.states):
-            return
-        verified = [
-            s for s in float32
-            if s.backend.exact_shapes is None and s.future.exception() is None
-            and s.name in run.call_estimates
-        ]  # fmt: skip
-        if not verified:
-            return
-        fastest = _quiet_maker(verified, run.call_estimates)
-        started = time.perf_counter()
-
-        def predict() -> list[np.ndarray] | None:
-            try:
-                return data.predictions_by(fastest.backend.run)
-            finally:
-                seconds = time.perf_counter() - started
-                run.progress.times.add_background(fastest.name, seconds, "accuracy reference")
-
-        thread = ThreadPoolExecutor(1, "infertune predictions")
-        run.predicting = (fastest.name, thread.submit(predict))
-        thread.shutdown(wait=False)
-    run.progress.say(
-        f"the model's predictions on the labelled data: by {fastest.name}, beside the conversions"
-    )
-
-
-def _quiet_maker(verified: list[Candidate], estimates: dict[str, float]) -> Candidate:
-    """Of the verified float32 candidates, the one to make the predictions beside the
-    conversions: the fastest (least call estimate) of those whose threads sleep between calls,
-    where it is within QUIET_WITHIN of the fastest of all. A runtime whose threads spin
-    (ONNX Runtime's default session) holds both cores between its calls, which the quantizers
-    beside it need: NNCF on ResNet50 224 and the predictions on 435 samples took 34.5-37.6 s
-    together by the spinning session, 29.0-32.8 s by the one that sleeps (2 cores, 3 rounds
-    interleaved: benchmarks/predictions_beside.py)."""
-    fastest = min(verified, key=lambda s: estimates[s.name])
-    quiet = [s for s in verified if not s.backend.cooldown_s]
-    if not quiet:
-        return fastest
-    best_quiet = min(quiet, key=lambda s: estimates[s.name])
-    if estimates[best_quiet.name] <= QUIET_WITHIN * estimates[fastest.name]:
-        return best_quiet
-    return fastest
-
-
-def _await_predictions(run: Preparation) -> None:
-    """The predictions started by `_predict_early` awaited, and the model's made from them
-    (by the model itself where they failed or differ from its own on the first rows)."""
-    data = run.precision
-    if run.predicting is None or data is None or data.predicted:
-        return
-    name, future = run.predicting
-    text = f"waiting for the model's predictions on the labelled data by {name}"
-    with run.progress.timed("waiting for the accuracy reference", text=text):
-        data.complete(None, name, (run.options.rtol, run.options.atol), made=future.result())
-    run.progress.say(f"the model's predictions on the labelled data made by {data.predicted_by}")
-
-
-def _complete_predictions(run: Preparation, verified: list[Backend]) -> None:
-    """The model's predictions on the labelled data (precision/gate.py), where `_predict_early` did
-    not
-    make them: by the fastest of the `verified` float32 candidates on the sample that runs
-    every batch size; by the model itself where there is none, or where it differs from the
-    model on the first rows."""
-    data = run.precision
-    if data is None or data.predicted:
-        return
-    usable = [b for b in verified if b.precision == "fp32" and b.exact_shapes is None]
-    fastest = min(usable, key=lambda b: run.sample_p50.get(b.name, math.inf), default=None)
-    name = fastest.name if fastest is not None else "the model"
-    text = f"the model's predictions on the labelled data, by {name}"
-    with run.progress.timed("accuracy reference", text=text):
-        data.complete(
-            fastest.run if fastest is not None else None, name, (run.options.rtol, run.options.atol)
-        )
-    run.progress.say(f"the model's predictions on the labelled data made by {data.predicted_by}")
-
-
-def _fastest_verified(run: Preparation) -> tuple[str, float] | None:
-    """The verified candidate (float32, or reduced and passed) of least p50 on the sample
-    among those timed together (`_judge_waiting`), and that p50."""
-    timed = [(name, p50) for name, p50 in run.sample_p50.items() if name in run.contenders]
-    return min(timed, key=lambda pair: pair[1], default=None)
-
-
-def _not_judged(state: Candidate, run: Preparation) -> str | None:
-    """Why a reduced-precision candidate is not judged, None where it is: one slower on the
-    sample than a candidate verified (a float32 one, or a reduced one that passed) cannot be
-    chosen. Always judged where the run serves several batch sizes or callers (the choice is
-    made at each: a candidate slower here may win there)."""
-    if serves_several(run):
-        return None
-    mine, best = run.sample_p50.get(state.name), _fastest_verified(run)
-    if mine is None or best is None or mine < best[1]:
-        return None
-    return _slower(best[0], best[1], mine)
-
-
-def _slower(best: str, theirs: float, mine: float) -> str:
-    return (
-        f"not judged: {best} is verified, its p50 {theirs:.4g} ms against this one's "
-        f"{mine:.4g} ms (timed together on the sample), so it cannot be chosen"
-    )
-
-
-def _search_waiting(run: Preparation) -> None:
-    """The search for a quantization that passes the gate (precision.py) for the candidates
-    whose first failed it: the fastest first, each only while it can still win (`_why_not`).
-    On ResNet50 224 the search of ONNX Runtime's static int8 took 170 of optimize()'s 325 s,
-    though OpenVINO's int8, faster, passed."""
-    waiting = sorted(run.to_search, key=lambda s: run.sample_p50.get(s.name, math.inf))
-    for state in waiting:
-        state.result.status, state.deadline = "ok", run.deadline()
-
-        def searched(state: Candidate = state) -> None:
-            failed = state.failed_gate
-            why_not = _why_not(state, run)
-            if why_not is not None:
-                raise Mismatch(f"{failed}; not searched further: {why_not}", failed.judgement)
-            search(state, run, run.isolation, _stage, failed)
-            keep(state, run)
-
-        if _guarded(state, run, searched):
-            _contend(state, run)
-
-
-def _why_not(state: Candidate, run: Preparation) -> str | None:
-    """Why a quantized candidate that failed the gate is not searched, None where it is.
-    Keeping layers in float32 only slows a quantized model: one whose p50 on the sample,
-    quantized throughout, is not at most SEARCH_FASTER times the fastest verified candidate's
-    (a float32 one, a reduced one that passed; timed together, `_judge_waiting`) cannot win.
-    On ResNet50 224 OpenVINO's int8, timed 7.9 ms against LiteRT's int8 7.0 ms, was searched
-    for 40 s, passed with layers kept in float32, and was 1.06x slower."""
-    budget = run.budget
-    if budget.limited and budget.left_s() <= budget.after_s(1):
-        return f"time_budget_s={budget.time_budget_s:g} ran out"
-    mine, best = run.sample_p50.get(state.name), _fastest_verified(run)
-    if mine is None or best is None or mine < SEARCH_FASTER * best[1]:
-        return None
-    return (
-        f"{best[0]} is verified, its p50 {best[1]:.4g} ms against this one's {mine:.4g} ms "
-        f"quantized throughout (layers kept in float32 only slow it: searched where at most "
-        f"{SEARCH_FASTER:g}x)"
-    )
-
-
-def _guarded(state: Candidate, run: Preparation, fn: Callable[[], None]) -> bool:
-    """Run a candidate's stages; True if they all passed. A failure is its result's status
-    and reason, never raised; a candidate that failed is closed, one timed out is not (a
-    stage abandoned in a thread may still be using it)."""
-    name, result, progress, budget = state.name, state.result, run.progress, run.budget
-    try:
-        fn()
-        return True
-    except Mismatch as exc:
-        result.status, result.reason = "mismatch", str(exc)
-        progress.say(f"{name}: rejected, {result.reason}")
-    except _JudgeLater:  # verified; judged once every candidate has its first verdict
-        with run.lock:
-            run.to_judge.append(state)
-        return False
-    except _NotJudged as exc:
-        result.status, result.reason = "skipped", str(exc)
-        progress.say(f"{name}: skipped, {result.reason}")
-    except _SearchLater:  # held open for its search, once every candidate has its verdict
-        result.status, result.reason = "mismatch", str(state.failed_gate)
-        progress.say(f"{name}: failed the gate, {result.reason}; its search waits")
-        with run.lock:
-            run.to_search.append(state)
-        return False
-    except NotApplicable as exc:
-        result.status, result.reason = "skipped", f"not applicable: {exc}"
-        progress.say(f"{name}: skipped, {result.reason}")
-    except BudgetOver as exc:
-        result.status = "skipped"
-        result.reason = f"time_budget_s={budget.time_budget_s:g} ran out {exc}"
-        progress.say(f"{name}: skipped, {result.reason}")
-    except CandidateTimeout as exc:
-        at_end = budget.limited and time.perf_counter() >= budget.candidates_end(
-            run.contenders_at_most()
-        )
-        if at_end:
-            result.status = "skipped"
-            result.reason = (
-                f"time_budget_s={budget.time_budget_s:g} ran out during its {state.stage} "
-                f"(abandoned, as at candidate_timeout_s)"
-            )
-            progress.say(f"{name}: skipped, {result.reason}")
-        else:
-            result.status, result.reason = "timeout", str(exc)
-            progress.say(f"{name}: timed out: {result.reason}")
-        return False
-    except (CandidateCrashed, RehearsalError) as exc:
-        result.status, result.reason = "failed", str(exc)
-        progress.say(f"{name}: {result.reason}")
-    except Exception as exc:  # a candidate's failure is reported, never raised
-        stage = "prepare" if state.stage == "compile" else state.stage
-        result.status, result.reason = "failed", f"{stage}: {one_line(exc)}"
-        progress.say(f"{name}: failed at {result.reason}")
-    with contextlib.suppress(Exception):  # what it held goes when it is collected
-        state.backend.close()
-    return False

@@ -182,6 +182,23 @@ def select(
                 f"; no candidate met latency_budget_ms={latency_budget_ms:g} (the lowest p99 "
                 f"was {best.latency.p99:.4g} ms, {best.name})"
             )
+    _say_why_not(measured, over_budget, chosen, beaten, tied, objective, latency_budget_ms)
+    return chosen, why
+
+
+def _say_why_not(
+    measured: list[CandidateResult],
+    over_budget: list[CandidateResult],
+    chosen: CandidateResult,
+    beaten: dict[int, CandidateResult | None],
+    tied: list[CandidateResult],
+    objective: str,
+    latency_budget_ms: float | None,
+) -> None:
+    """Each candidate not chosen gets the reason: over the latency budget, within noise of
+    the choice, slower than it, or beaten round by round by another."""
+    statistic, unit = _STATISTICS[objective]
+    cost = partial(_cost, objective=objective)
     for r in over_budget:
         r.reason = f"p99 {r.latency.p99:.4g} ms exceeds latency_budget_ms={latency_budget_ms:g}"
     for r in measured:
@@ -210,7 +227,6 @@ def select(
                 f"; measured {r.latency.left_after} rounds: more than {RACE_RATIO:g}x slower "
                 f"than another in each, it left the rest"
             )
-    return chosen, why
 
 
 def ranked_by(options: Options) -> str:

@@ -225,7 +225,7 @@ class OnnxRuntimeCudaFp16(OnnxRuntimeCuda):
         exhaustive search, which picks slower float16 ones: MobileNetV2 224 at batch 32 on an
         H100, 5.35-5.96 ms against 6.32-7.05 (0.84-0.85x in three interleaved passes), at
         batch 1 the same; float32 gains nothing from it (benchmarks/gpu_layout.py
-        --together, docs/gpu.md "The seventh pass")."""
+        --together; docs/gpu.md)."""
         (name, options), *rest = super().provider_options(target, model_bytes)
         return [(name, {**options, "cudnn_conv_algo_search": "HEURISTIC"}), *rest]
 
