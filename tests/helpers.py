@@ -139,6 +139,25 @@ def prepared_backend(backend, model, sample):
     return backend, target.signature
 
 
+def forced(model, sample, name: str, *, exact_shape: str | None = None, **options):
+    """optimize(model, sample, **options) with `name` chosen (and `exact_shape` as the
+    exact-shape path), verified as optimize() verifies them but not measured: for a test that
+    needs a given winner, which the measurement decides by the machine and its load."""
+    from infertune.optimized import Optimized
+    from infertune.options import REFERENCE_NAMES, Options
+    from infertune.pipeline.selection import Forced
+    from infertune.pipeline.tune import load_for_tuning, read_data, tune
+    from infertune.report.progress import Progress
+
+    names = [n for n in (name, exact_shape) if n is not None and n not in REFERENCE_NAMES]
+    options = Options.checked(backends=names, **options)
+    with Progress(False) as progress:
+        loaded = load_for_tuning(model, sample, progress)
+        options = read_data(loaded, options, progress)
+        choice, report = tune(loaded, options, progress, Forced(name, exact_shape))
+    return Optimized(choice, report, options.saved())
+
+
 # -- page residency (Linux: /proc) ------------------------------------------------------------
 def mapped_resident_bytes(path: str) -> int:
     """Resident bytes of this process's mappings of files whose path starts with `path`

@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
-from helpers import dict_model, dict_sample
+from helpers import dict_model, dict_sample, forced
 
 import infertune
 from infertune.backends.base import Backend
@@ -42,20 +42,10 @@ def _candidates_that_run_here():
 def test_threads_get_the_same_results_as_sequential_calls(name):
     model = dict_model()
     rng = np.random.default_rng(0)
-    backends = [] if name == "keras-eager" else [name]
     # A variant meant for several callers is tried only under several (OpenVINO's THROUGHPUT).
     callers = 2 if name.endswith(":throughput") else 1
-
-    def tuned():
-        return infertune.optimize(
-            model, dict_sample(rng), backends=backends, concurrency=callers, verbose=False
-        )
-
-    opt = tuned()
-    if opt.backend != name:  # force the candidate under test, whatever won the measurement
-        opt = tuned()
-    if opt.backend != name:
-        pytest.skip(f"{name} was not selected twice in a row; measured slower here")
+    opt = forced(model, dict_sample(rng), name, concurrency=callers)
+    assert opt.backend == name
     # Distinct inputs per call (batch sizes 1-4), so a mix-up between threads shows.
     inputs = [dict_sample(np.random.default_rng(i), batch=1 + i % 4) for i in range(CALLS)]
     expected = [opt(x) for x in inputs]

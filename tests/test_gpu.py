@@ -189,10 +189,10 @@ def test_facts_here_are_read_without_importing_gpu_runtimes():
     assert facts.onnxruntime == ("onnxruntime",) and facts.ort_tensorrt_links == ()
 
 
+@needs_no_gpu
 def test_memory_growth_without_a_gpu_does_nothing():
     done = enable_tf_memory_growth()
-    if not gpu_devices():
-        assert done == {"gpus": [], "enabled": [], "already": [], "too_late": []}
+    assert done == {"gpus": [], "enabled": [], "already": [], "too_late": []}
 
 
 # --- availability decisions, with injected facts --------------------------------------------

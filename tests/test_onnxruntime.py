@@ -8,7 +8,7 @@ import numpy as np
 import onnx
 import onnx.numpy_helper
 import pytest
-from helpers import assert_matches_model, dense_model, target_for
+from helpers import assert_matches_model, dense_model, forced, target_for
 
 import infertune
 from infertune.backends.onnxruntime.cpu import (
@@ -65,10 +65,10 @@ def test_the_parallel_width_counts_independent_matrix_operations():
 def test_chosen_settings_are_the_ones_called():
     sample = np.random.default_rng(0).standard_normal((8, 6)).astype("float32")
     model = dense_model()
-    opt = infertune.optimize(model, sample, backends=["onnxruntime-cpu:threads=1"], verbose=False)
-    if opt.backend == "onnxruntime-cpu:threads=1":
-        options = opt.backends[0]._session.get_session_options()
-        assert options.intra_op_num_threads == 1
+    opt = forced(model, sample, "onnxruntime-cpu:threads=1")
+    assert opt.backend == "onnxruntime-cpu:threads=1"
+    options = opt.backends[0]._session.get_session_options()
+    assert options.intra_op_num_threads == 1
     x = np.random.default_rng(3).standard_normal((5, 6)).astype("float32")
     assert_matches_model(model(x), opt(x), rtol=1e-4)  # float32 round-off of a 2-layer MLP
 

@@ -34,7 +34,7 @@ from .memory import conversion_memory_learned
 from .planning import Probe, after_candidates_s, learn_from_run
 from .preparing import prepare_all
 from .reference import Check
-from .selection import Selection, choose
+from .selection import Forced, Selection, choose, forced_choice
 
 __all__ = ["contest"]
 
@@ -43,12 +43,15 @@ __all__ = ["contest"]
 _FINISH_S = 0.5
 
 
-def contest(frame: Frame, options: Options, progress: Progress) -> tuple[Choice, Report]:
+def contest(
+    frame: Frame, options: Options, progress: Progress, forced: Forced | None = None
+) -> tuple[Choice, Report]:
     """Every candidate of the frame prepared, verified, measured; the choice and its report,
-    with the peak memory of this process and its children while it ran."""
+    with the peak memory of this process and its children while it ran. `forced`: the
+    choice given instead of measured (selection.Forced)."""
     memory = MemoryPeak().start()
     try:
-        choice, report = _contest(frame, options, progress, memory)
+        choice, report = _contest(frame, options, progress, memory, forced)
     finally:
         memory.stop()
     if report.memory is not None:
@@ -57,7 +60,7 @@ def contest(frame: Frame, options: Options, progress: Progress) -> tuple[Choice,
 
 
 def _contest(
-    frame: Frame, options: Options, progress: Progress, memory: MemoryPeak
+    frame: Frame, options: Options, progress: Progress, memory: MemoryPeak, forced: Forced | None
 ) -> tuple[Choice, Report]:
     target, signature = frame.target, frame.signature
     with progress.timed("environment"):
@@ -89,13 +92,16 @@ def _contest(
     kinds = [(type(b), b.name) for b in frame.candidates]
     frame.candidates.clear()  # a rejected candidate is referenced by nobody
 
-    by_batch = measure_batches(
-        contenders, frame.sample, results, signature, frame.batch_sizes, options, progress,
-        budget, prepared.call_estimates,
-    )  # fmt: skip
-    selection = choose(
-        results, contenders, by_batch, options, signature, frame.outputs, frame.batch_sizes
-    )
+    if forced is not None:
+        selection = forced_choice(forced, results, contenders, signature, frame.outputs)
+    else:
+        by_batch = measure_batches(
+            contenders, frame.sample, results, signature, frame.batch_sizes, options, progress,
+            budget, prepared.call_estimates,
+        )  # fmt: skip
+        selection = choose(
+            results, contenders, by_batch, options, signature, frame.outputs, frame.batch_sizes
+        )
     choice = selection.choice
     under_load = concurrency_note(
         choice.general.name, results, contenders, frame.sample, signature.sample_batch or 1,
@@ -103,15 +109,17 @@ def _contest(
     )  # fmt: skip
     _release_losers(choice, contenders)
     selected = choice.selected.name
-    progress.stage("diagnosis: the machine's peak")
-    diagnosis = diagnose(
-        frame.source, signature, frame.sample, results, selected, environment,
-        flops=(planned.flops, planned.flops_note), record=record, timed=progress.timed,
-        description=frame.description,
-    )  # fmt: skip
+    diagnosis = None  # rates of the measured paths: none where the choice was forced
+    if forced is None:
+        progress.stage("diagnosis: the machine's peak")
+        diagnosis = diagnose(
+            frame.source, signature, frame.sample, results, selected, environment,
+            flops=(planned.flops, planned.flops_note), record=record, timed=progress.timed,
+            description=frame.description,
+        )  # fmt: skip
     times = progress.times
     times.total_s = progress.elapsed()
-    if record is not None:
+    if record is not None and forced is None:
         statuses = {r.name: r.status for r in results}
         learned = conversion_memory_learned(target)
         learn_from_run(record, planned, kinds, statuses, times, selected, learned)

@@ -26,8 +26,10 @@ from .timing import (
 )
 
 __all__ = [
+    "Forced",
     "Selection",
     "choose",
+    "forced_choice",
     "choose_per_batch",
     "ranked_by",
     "select",
@@ -77,6 +79,38 @@ def choose(
     if fast:
         return Selection(choice, fast_why, why, batches)
     return Selection(choice, why, "", batches)
+
+
+@dataclass(frozen=True)
+class Forced:
+    """A choice given, not measured: the candidate for every shape and, where given, the
+    exact-shape path. Tests that need a given winner use it (tests/helpers.py `forced`):
+    which candidate the measurement picks depends on the machine and its load."""
+
+    general: str
+    exact_shape: str | None = None
+
+
+def forced_choice(
+    forced: Forced,
+    results: list[CandidateResult],
+    contenders: dict[str, Backend],
+    inputs: InputSignature,
+    outputs: OutputSignature,
+) -> Selection:
+    """The Choice `forced` names, from the verified candidates; ModelError naming what
+    happened to a named candidate that was not verified."""
+    by_name = {r.name: r for r in results}
+    for name in filter(None, (forced.general, forced.exact_shape)):
+        if name not in contenders:
+            result = by_name.get(name)
+            what = f"{result.status}: {result.reason}" if result else "not a candidate"
+            raise ModelError(f"The forced candidate {name} was not verified ({what}).")
+    exact = contenders[forced.exact_shape] if forced.exact_shape else None
+    choice = Choice(contenders[forced.general], inputs, outputs, exact_shape=exact)
+    by_name[choice.selected.name].status = "selected"
+    reason = "forced (not measured)"
+    return Selection(choice, reason, reason if exact is not None else "")
 
 
 def choose_per_batch(

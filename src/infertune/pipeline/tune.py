@@ -23,13 +23,17 @@ from ..result.choice import Choice
 from ..system.gpu import enable_tf_memory_growth
 from .contest import contest
 from .frame import Model, frame_model
+from .selection import Forced
 
 __all__ = ["Model", "load_for_tuning", "read_data", "tune"]
 
 
-def tune(model: Model, options: Options, progress: Progress) -> tuple[Choice, Report]:
-    """Every stage of optimize() after the model is loaded: the choice and its report."""
-    return contest(frame_model(model, options, progress), options, progress)
+def tune(
+    model: Model, options: Options, progress: Progress, forced: Forced | None = None
+) -> tuple[Choice, Report]:
+    """Every stage of optimize() after the model is loaded: the choice and its report
+    (`forced`: the choice given instead of measured, selection.Forced)."""
+    return contest(frame_model(model, options, progress), options, progress, forced)
 
 
 def load_for_tuning(model: Any, sample_input: Any, progress: Progress) -> Model:
