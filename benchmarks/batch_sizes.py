@@ -4,7 +4,7 @@ For each model, in one run: optimize(model, x, batch_sizes=[1, 8, 64, 256]) (one
 batch size, dispatched at call time) and optimize(model, x) tuned at batch 1 only (one
 choice for every size, as before batch_sizes existed). Then, at each batch size, in one
 interleaved measurement: both callables and every raw runtime written by hand with its
-default settings (by_hand.py: tf.function, XLA, ONNX Runtime, OpenVINO, LiteRT converted at
+default settings (harness.py: tf.function, XLA, ONNX Runtime, OpenVINO, LiteRT converted at
 that batch size). Targets (exit code 1 if one fails):
 
 * at every batch size, the dispatched callable within 5% of the fastest exact raw runtime
@@ -18,29 +18,29 @@ that batch size). Targets (exit code 1 if one fails):
   runtime wins everywhere it is 1x).
 
     python benchmarks/batch_sizes.py [--models small-cnn,mlp,mobilenet-v2-96] [--out DIR]
+
+Results: docs/benchmarks/batch-sizes/<date>/ (--out).
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import sys
 import time
-from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import by_hand
+import harness
 import numpy as np
-from timing import EXACT_RTOL, ONNXRUNTIME_COOLDOWN_S, measure_runners, relative_error
+from harness import EXACT_RTOL
 
 import infertune
-from infertune.system.environment import collect_environment
 
+BENCHMARK = "batch-sizes"
 BATCH_SIZES = (1, 8, 64, 256)
 TARGET = 0.95  # dispatched callable >= 0.95x the speed of the fastest exact raw runtime
 DISPATCH_REL, DISPATCH_US = 0.03, 2.0  # the callable vs the chosen runtime called directly
+RAW = ("tf.function", "tf.function+XLA", "onnxruntime", "openvino", "litert")  # defaults
 
 
 def _models() -> dict:
@@ -76,31 +76,13 @@ def _draw(shape, value_range, batch: int, seed: int) -> np.ndarray:
     return rng.uniform(low, high, (batch, *shape)).astype("float32")
 
 
-def _raw_runners(model, x: np.ndarray, model_bytes: bytes) -> tuple[dict, dict]:
-    """Every raw runtime with its defaults at x's batch size: (runners, skipped reasons)."""
-    builders = {
-        "tf.function": lambda: by_hand.tf_function(model, x),
-        "tf.function+XLA": lambda: by_hand.tf_function(model, x, jit_compile=True),
-        "onnxruntime": lambda: by_hand.onnxruntime_session(model_bytes, x),
-        "openvino": lambda: by_hand.openvino_compiled(model_bytes, x),
-        "litert": lambda: by_hand.litert_interpreter(model, x),
-    }
-    runners, skipped = {}, {}
-    for label, build in builders.items():
-        try:
-            runners[label] = build()
-        except Exception as exc:  # missing here or failing on this model: said in the table
-            skipped[label] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:100]}"
-    return runners, skipped
-
-
 def run_model(name: str, budget_s: float) -> dict:
     build, shape, value_range = _models()[name]
     model = build()
     sample = _draw(shape, value_range, 1, seed=0)
 
     def say(text: str) -> None:
-        print(f"[batch-sizes] {name}: {text}", file=sys.stderr, flush=True)
+        harness.log("batch-sizes", f"{name}: {text}")
 
     say(f"optimize(batch_sizes={list(BATCH_SIZES)})")
     start = time.perf_counter()
@@ -110,13 +92,14 @@ def run_model(name: str, budget_s: float) -> dict:
     start = time.perf_counter()
     single = infertune.optimize(model, sample, verbose=False)
     single_s = time.perf_counter() - start
-    model_bytes = by_hand.onnx_bytes(model, sample)
+    model_bytes = harness.onnx_bytes(model, sample)
     rows = []
     for batch in BATCH_SIZES:
         x = _draw(shape, value_range, batch, seed=batch)
         reference = np.asarray(model(x), dtype=np.float64)
-        runners, skipped = _raw_runners(model, x, model_bytes)
-        errors = {label: relative_error(fn(), reference) for label, fn in runners.items()}
+        builders, _ = harness.by_hand_builders(model, x, RAW, onnx=model_bytes)
+        runners, skipped, _ = harness.build_runners(builders)
+        errors = harness.check_first_calls(runners, reference, skipped)
         runners["infertune"] = lambda x=x: dispatched(x)
         runners["tuned at batch 1"] = lambda x=x: single(x)
         chosen = dispatched.backends_by_batch[batch]
@@ -124,12 +107,12 @@ def run_model(name: str, budget_s: float) -> dict:
         runners["chosen, direct"] = lambda x=x, b=backend: b.run([x])[0]
         say(f"batch {batch}: measuring {len(runners)} runners")
         cooldown = {
-            "onnxruntime": ONNXRUNTIME_COOLDOWN_S,
+            "onnxruntime": harness.onnxruntime_cooldown_s(),
             "infertune": _cooldown(dispatched, chosen),
             "tuned at batch 1": _cooldown(single, single.backend),
             "chosen, direct": backend.cooldown_s,
         }
-        measured = measure_runners(runners, budget_s=budget_s, cooldown_s=cooldown)
+        measured = harness.measure_runners(runners, budget_s=budget_s, cooldown_s=cooldown)
         p50 = {label: s.p50 for label, s in measured.stats.items()}
         dispatch_us, noise_us = paired_difference_us(
             runners["infertune"], runners["chosen, direct"], budget_s / 3
@@ -142,6 +125,7 @@ def run_model(name: str, budget_s: float) -> dict:
         best = min(exact, key=exact.get)
         rows.append(
             {
+                "model": name,
                 "batch": batch,
                 "chosen": chosen,
                 "single_choice": single.backend,
@@ -195,61 +179,86 @@ def _cooldown(opt, name: str) -> float:
     return max(b.cooldown_s for b in opt.backends if b.name == name)
 
 
-def markdown(results: list[dict]) -> str:
-    lines = [
-        "| model | batch | infertune chose | infertune ms | fastest exact raw (ms) | vs raw | "
-        "tuned at batch 1 only (ms) | gain | callable vs chosen runtime direct |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
+def markdown(results: list[dict]) -> dict:
+    head = [
+        "model", "batch", "infertune chose", "infertune ms", "fastest exact raw (ms)", "vs raw",
+        "tuned at batch 1 only (ms)", "gain", "callable vs chosen runtime direct",
+    ]  # fmt: skip
+    rows = []
     for result in results:
         for row in result["rows"]:
             p50 = row["p50_ms"]
-            lines.append(
-                f"| {result['model']} | {row['batch']} | {row['chosen']} | "
-                f"{p50['infertune']:.3g} | {p50[row['best_raw']]:.3g} ({row['best_raw']}) | "
-                f"{row['vs_best_raw']:.2f}x | {p50['tuned at batch 1']:.3g} "
-                f"({row['single_choice']}) | {row['gain_over_single']:.2f}x | "
-                f"{row['dispatch_us']:+.2f} us ({row['dispatch_ratio']:.3f}x; "
-                f"resolution {row['dispatch_noise_us']:.2f} us) |"
+            rows.append(
+                [
+                    result["model"],
+                    row["batch"],
+                    row["chosen"],
+                    f"{p50['infertune']:.3g}",
+                    f"{p50[row['best_raw']]:.3g} ({row['best_raw']})",
+                    f"{row['vs_best_raw']:.2f}x",
+                    f"{p50['tuned at batch 1']:.3g} ({row['single_choice']})",
+                    f"{row['gain_over_single']:.2f}x",
+                    f"{row['dispatch_us']:+.2f} us ({row['dispatch_ratio']:.3f}x; "
+                    f"resolution {row['dispatch_noise_us']:.2f} us)",
+                ]
             )
-    return "\n".join(lines)
+    return harness.table(head, rows)
+
+
+def check_targets(results: list[dict]) -> list[dict]:
+    checks = []
+    for r in results:
+        for row in r["rows"]:
+            where = f"{r['model']} at batch {row['batch']}"
+            checks.append(
+                harness.target(
+                    f"{where}: speed against the fastest exact raw runtime",
+                    f">= {TARGET}x",
+                    row["vs_best_raw"],
+                    row["vs_best_raw"] >= TARGET,
+                    f"{where}: {row['vs_best_raw']:.2f}x the fastest exact raw runtime "
+                    f"({row['best_raw']}), target {TARGET}x",
+                )
+            )
+            checks.append(
+                harness.target(
+                    f"{where}: the callable over the chosen runtime called directly",
+                    f"<= {1 + DISPATCH_REL:.2f}x or +{DISPATCH_US:g} us",
+                    row["dispatch_ratio"],
+                    row["dispatch_ratio"] <= 1 + DISPATCH_REL or row["dispatch_us"] <= DISPATCH_US,
+                    f"{where}: the callable adds {row['dispatch_us']:.2f} us "
+                    f"({row['dispatch_ratio']:.3f}x) over the chosen runtime called directly",
+                )
+            )
+    return checks
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = harness.parser(__doc__, "--out", "--json")
     parser.add_argument("--models", default=",".join(_models()), help="comma-separated")
     parser.add_argument("--budget", type=float, default=6.0, help="seconds per batch size")
-    parser.add_argument("--out", type=Path, help="directory for results.json and results.md")
     args = parser.parse_args()
-    names = [n for n in args.models.split(",") if n]
-    unknown = sorted(set(names) - set(_models()))
-    if unknown:
-        parser.error(f"unknown models {unknown}; known: {sorted(_models())}")
+    names = harness.names_from(args.models, _models(), parser)
     results = [run_model(name, args.budget) for name in names]
-    table = markdown(results)
-    print(table)
-    misses = [
-        f"{r['model']} at batch {row['batch']}: {row['vs_best_raw']:.2f}x the fastest exact raw "
-        f"runtime ({row['best_raw']}), target {TARGET}x"
-        for r in results
-        for row in r["rows"]
-        if row["vs_best_raw"] < TARGET
-    ]
-    misses += [
-        f"{r['model']} at batch {row['batch']}: the callable adds {row['dispatch_us']:.2f} us "
-        f"({row['dispatch_ratio']:.3f}x) over the chosen runtime called directly"
-        for r in results
-        for row in r["rows"]
-        if row["dispatch_ratio"] > 1 + DISPATCH_REL and row["dispatch_us"] > DISPATCH_US
-    ]
-    for miss in misses:
-        print(f"MISS {miss}")
-    if args.out:
-        args.out.mkdir(parents=True, exist_ok=True)
-        data = {"environment": collect_environment(), "results": results}
-        (args.out / "results.json").write_text(json.dumps(data, indent=1, default=str) + "\n")
-        (args.out / "results.md").write_text(table + "\n")
-    return 1 if misses else 0
+    targets = check_targets(results)
+    data = harness.results(
+        BENCHMARK,
+        about=harness.about(__doc__),
+        notes="Median ms per call (p50), every column of a row timed in one interleaved run "
+        "at that batch size; the callable against the chosen runtime called directly: the "
+        "median difference of pairs of calls made back to back.",
+        rows=[row for r in results for row in r["rows"]],
+        tables=[markdown(results)],
+        targets=targets,
+        headline={
+            f"{row['model']} at batch {row['batch']}: vs fastest exact raw": row["vs_best_raw"]
+            for r in results
+            for row in r["rows"]
+        },
+        models=[{k: v for k, v in r.items() if k != "rows"} for r in results],
+    )
+    harness.publish(data, args.out, args.json)
+    return harness.exit_code(targets)
 
 
 if __name__ == "__main__":

@@ -16,35 +16,28 @@ within 1.05x of the best by hand.
 
     python benchmarks/concurrency.py [--models small-cnn,mobilenet-v2-96,transformer]
                                      [--callers 1,2,4,8] [--budget 3] [--out DIR]
+
+Results: docs/benchmarks/concurrency/<date>/ (--out).
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
-import subprocess
 import sys
-import tempfile
-import threading
 import time
-from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
-import by_hand
+import harness
 import numpy as np
 import onnxruntime
-from timing import ONNXRUNTIME_COOLDOWN_S, machine_description, write_results
 
 import infertune
 from infertune.demo import demo_model
 from infertune.pipeline.timing import measure_interleaved
-from infertune.system.environment import (
-    collect_environment,
-    usable_cores,
-)
+from infertune.system.environment import usable_cores
 
+BENCHMARK = "concurrency"
 TARGET = 1.05  # infertune at most this much below the best by-hand runtime, in samples/s
 
 
@@ -64,80 +57,37 @@ MODELS = {
 }
 
 
-def per_caller(make):
-    """A runner that gives each calling thread its own instance from make() (made on the
-    thread's first call, which the measurement does not time)."""
-    local = threading.local()
-
-    def run():
-        runner = getattr(local, "runner", None)
-        if runner is None:
-            runner = local.runner = make()
-        return runner()
-
-    return run
-
-
-def openvino_requests(model_bytes: bytes, sample, hint: str):
-    """OpenVINO f32 with a performance hint: one compiled model, an infer request a caller."""
-    import openvino
-
-    core = openvino.Core()
-    compiled = core.compile_model(
-        core.read_model(model_bytes),
-        "CPU",
-        {"INFERENCE_PRECISION_HINT": "f32", "PERFORMANCE_HINT": hint},
-    )
-
-    def make():
-        request = compiled.create_infer_request()
-        return lambda: [request.infer([sample])[port].copy() for port in compiled.outputs]
-
-    return per_caller(make)
-
-
 def by_hand_runners(model, sample) -> dict:
-    runners = {"tf.function": by_hand.tf_function(model, sample)}
-    model_bytes = by_hand.onnx_bytes(model, sample)
+    """tf.function; ONNX Runtime with its default threads and with one (one session shared
+    by the callers); LiteRT with one thread and with every core's (an interpreter per
+    caller); OpenVINO f32 with the LATENCY and the THROUGHPUT hint (an infer request per
+    caller)."""
+    runners = {"tf.function": harness.tf_function(model, sample)}
+    model_bytes = harness.onnx_bytes(model, sample)
     one = onnxruntime.SessionOptions()
     one.intra_op_num_threads = 1
-    runners["onnxruntime"] = by_hand.onnxruntime_session(model_bytes, sample)
-    runners["onnxruntime threads=1"] = by_hand.onnxruntime_session(model_bytes, sample, one)
-    content = by_hand.tflite_bytes(model, sample)
+    runners["onnxruntime"] = harness.onnxruntime_session(model_bytes, sample)
+    runners["onnxruntime threads=1"] = harness.onnxruntime_session(model_bytes, sample, one)
+    content = harness.tflite_bytes(model, sample)
     for threads in sorted({1, usable_cores()}):
-        runners[f"litert threads={threads}"] = per_caller(
-            lambda t=threads: _litert(content, sample, t)
+        runners[f"litert threads={threads}"] = harness.per_caller(
+            lambda t=threads: harness.litert_interpreter(model, sample, content, threads=t)
         )
     for hint in ("LATENCY", "THROUGHPUT"):
-        runners[f"openvino {hint.lower()}"] = openvino_requests(model_bytes, sample, hint)
+        runners[f"openvino {hint.lower()}"] = harness.openvino_per_caller(model_bytes, sample, hint)
     return runners
-
-
-def _litert(content: bytes, sample, threads: int):
-    from ai_edge_litert.interpreter import Interpreter
-
-    interpreter = Interpreter(model_content=content, num_threads=threads)
-    interpreter.allocate_tensors()
-    index_in = interpreter.get_input_details()[0]["index"]
-    index_out = interpreter.get_output_details()[0]["index"]
-
-    def run():
-        interpreter.set_tensor(index_in, sample)
-        interpreter.invoke()
-        return interpreter.get_tensor(index_out)
-
-    return run
 
 
 def run_model(name: str, callers: list[int], budget_s: float) -> list[dict]:
     model, x = MODELS[name]()
     batch = len(x)
-    print(f"[concurrency] {name}: optimize() at {callers} callers", flush=True)
+    harness.log("concurrency", f"{name}: optimize() at {callers} callers")
     tuned = {}
     for n in sorted({1, *callers}):
         start = time.perf_counter()
         tuned[n] = infertune.optimize(model, x, concurrency=n, verbose=False)
-        print(f"  concurrency={n}: {tuned[n].backend} ({time.perf_counter() - start:.1f} s)")
+        seconds = time.perf_counter() - start
+        harness.log("concurrency", f"  concurrency={n}: {tuned[n].backend} ({seconds:.1f} s)")
     hand = by_hand_runners(model, x)
     rows = []
     for n in callers:
@@ -145,7 +95,7 @@ def run_model(name: str, callers: list[int], budget_s: float) -> list[dict]:
         if n != 1:
             runners["single-caller choice"] = lambda o=tuned[1]: o(x)
         runners.update(hand)
-        cooldown = {label: ONNXRUNTIME_COOLDOWN_S for label in runners if "onnx" in label}
+        cooldown = {label: harness.onnxruntime_cooldown_s() for label in runners if "onnx" in label}
         for label, opt in (("infertune", tuned[n]), ("single-caller choice", tuned[1])):
             cooldown[label] = opt.backends[0].cooldown_s
         stats = measure_interleaved(
@@ -168,71 +118,99 @@ def run_model(name: str, callers: list[int], budget_s: float) -> list[dict]:
             }
         )
         r = rows[-1]
-        print(
+        harness.log(
+            "concurrency",
             f"  {n} callers: infertune {r['choice']} {rate['infertune']:,.0f} samples/s, "
             f"{r['vs_best_by_hand']:.2f}x the best by hand ({best} {hand_rates[best]:,.0f}), "
             f"{r['gain_over_single_caller_choice']:.2f}x the single-caller choice",
-            flush=True,
         )
     return rows
 
 
-def table(rows: list[dict]) -> str:
-    lines = [
-        "| model | callers | infertune's choice | samples/s | single-caller choice | its "
-        "samples/s | best by hand | its samples/s | vs best by hand | gain over single |",
-        "|---|---|---|---|---|---|---|---|---|---|",
-    ]
+def table(rows: list[dict]) -> dict:
+    head = [
+        "model", "callers", "infertune's choice", "samples/s", "single-caller choice",
+        "its samples/s", "best by hand", "its samples/s", "vs best by hand", "gain over single",
+    ]  # fmt: skip
+    cells = []
     for r in rows:
         rate = r["samples_per_s"]
         single = rate.get("single-caller choice", rate["infertune"])
-        lines.append(
-            f"| {r['model']} | {r['callers']} | {r['choice']} | {rate['infertune']:,.0f} | "
-            f"{r['single_caller_choice']} | {single:,.0f} | {r['best_by_hand']} | "
-            f"{rate[r['best_by_hand']]:,.0f} | {r['vs_best_by_hand']:.2f}x | "
-            f"{r['gain_over_single_caller_choice']:.2f}x |"
+        cells.append(
+            [
+                r["model"],
+                r["callers"],
+                r["choice"],
+                f"{rate['infertune']:,.0f}",
+                r["single_caller_choice"],
+                f"{single:,.0f}",
+                r["best_by_hand"],
+                f"{rate[r['best_by_hand']]:,.0f}",
+                f"{r['vs_best_by_hand']:.2f}x",
+                f"{r['gain_over_single_caller_choice']:.2f}x",
+            ]
         )
-    return "\n".join(lines)
+    return harness.table(head, cells)
+
+
+def check_targets(rows: list[dict], failed: list[dict]) -> list[dict]:
+    checks = [
+        harness.target(
+            f"{r['model']} at {r['callers']} callers: samples/s against the best by hand",
+            f">= {1 / TARGET:.2f}x",
+            r["vs_best_by_hand"],
+            r["vs_best_by_hand"] >= 1 / TARGET,
+            f"{r['model']} at {r['callers']} callers: {r['vs_best_by_hand']:.2f}x the best by "
+            f"hand (>= {1 / TARGET:.2f})",
+        )
+        for r in rows
+    ]
+    checks += [
+        harness.target(f"{f['model']}: runs", "no error", None, False,
+                       f"{f['model']}: {f['error']}")
+        for f in failed
+    ]  # fmt: skip
+    return checks
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = harness.parser(__doc__, "--out", "--json", child=True)
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--callers", default="1,2,4,8")
     parser.add_argument("--budget", type=float, default=3.0, help="measurement s per run")
-    parser.add_argument("--out", type=Path, default=None)
-    parser.add_argument("--child", help=argparse.SUPPRESS)
-    parser.add_argument("--child-out", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    env = collect_environment()
-    print(machine_description(env))
     callers = [int(n) for n in args.callers.split(",")]
     if args.child:  # one model in this process: what a runtime leaves behind stays here
-        args.child_out.write_text(json.dumps(run_model(args.child, callers, args.budget)))
+        rows = run_model(args.child, callers, args.budget)
+        harness.write_child_result(args.child_out, {"model": args.child, "rows": rows})
         return 0
-    rows = []
-    for name in args.models.split(","):
-        with tempfile.TemporaryDirectory() as tmp:
-            out = Path(tmp) / "rows.json"
-            subprocess.run(
-                [sys.executable, __file__, "--child", name, "--child-out", str(out),
-                 "--callers", args.callers, "--budget", str(args.budget)],
-                check=True,
-            )  # fmt: skip
-            rows += json.loads(out.read_text())
-    text = table(rows)
-    print(text)
-    targets = [
-        f"{'PASS' if r['vs_best_by_hand'] >= 1 / TARGET else 'FAIL'} {r['model']} at "
-        f"{r['callers']} callers: {r['vs_best_by_hand']:.2f}x the best by hand "
-        f"(>= {1 / TARGET:.2f})"
-        for r in rows
-    ]
-    print("\n".join(targets))
-    if args.out:
-        write_results(args.out, text, env, rows, targets)
-    return 1 if any(t.startswith("FAIL") for t in targets) else 0
+    names = harness.names_from(args.models, MODELS, parser)
+    rows, failed = [], []
+    for name in names:
+        child_args = ["--callers", args.callers, "--budget", str(args.budget)]
+        result = harness.run_in_child(__file__, name, child_args)
+        if "error" in result:
+            failed.append(result)
+        else:
+            rows += result["rows"]
+    targets = check_targets(rows, failed)
+    data = harness.results(
+        BENCHMARK,
+        about=harness.about(__doc__),
+        notes="Samples per second in total under N callers, every runtime of a row measured "
+        "in one interleaved run with N callers (infertune's engine, `callers=N`).",
+        rows=rows,
+        tables=[table(rows)],
+        targets=targets,
+        headline={
+            f"{r['model']} at {r['callers']} callers: vs best by hand": r["vs_best_by_hand"]
+            for r in rows
+        },  # fmt: skip
+        failed=failed,
+    )
+    harness.publish(data, args.out, args.json)
+    return harness.exit_code(targets)
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    sys.exit(main())

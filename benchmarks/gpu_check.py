@@ -3,43 +3,50 @@
 Two steps (docs/gpu.md gives the whole command):
 
     python benchmarks/gpu_check.py prepare --out gpu-check     # CPU machine, with TensorFlow
-    python3 benchmarks/gpu_check.py run --packages gpu-check/packages --out summary.json
+    python3 benchmarks/gpu_check.py run --packages gpu-check/packages --out gpu-summary
                                                                # GPU host, no TensorFlow
+
+`run` needs benchmarks/harness.py beside this file (it imports numpy and the standard
+library only, and infertune where it writes the results).
 
 `prepare` writes infertune's wheel and six packages (infertune.package), each under 50 MB
 so that each crosses an air gap in one transfer: the demo's small CNN (batch 1), MobileNetV2
 at 224 (random weights, batch-normalization statistics from one batch; batch 1 and 32), the
 demo's transformer encoder, the same encoder tuned at batch sizes 1, 8 and 32 (other shapes
 on the GPU: the CUDA graph serves the sample's alone), the precision benchmark's digits CNN
-(trained, benchmarks/precision.py) packaged with precision=("fp32", "int8"), its calibration
-and gate data (ONNX Runtime's static int8 is then quantized on the GPU host, LiteRT's int8
-conversions come in the package), and the same benchmark's MobileNetV2-style shapes
-classifier (trained, 64x64) with precision=("fp32", "fp16") and its gate, at batch 1 and 32;
-the others but the int8 one allow fp16 too (judged by the agreement rule: no labelled data). Then it
-says how to bring onnxruntime-gpu's wheel (about 255 MB) in parts of at most 60 MB.
+(trained and cached by bench_models.py) packaged with precision=("fp32", "int8"), its
+calibration and gate data (ONNX Runtime's static int8 is then quantized on the GPU host,
+LiteRT's int8 conversions come in the package), and the same benchmark's MobileNetV2-style
+shapes classifier (trained, 64x64) with precision=("fp32", "fp16") and its gate, at batch 1
+and 32; the others but the int8 one allow fp16 too (judged by the agreement rule: no
+labelled data). Then it says how to bring onnxruntime-gpu's wheel (about 255 MB) in parts of
+at most 60 MB.
 
 `run`, on the GPU host (Python 3.12, the NVIDIA driver, CUDA 13 and cuDNN as Python packages,
 no TensorFlow, no package index): tunes each package with the GPU candidates and the CPU ones
-that are installed, and writes a JSON summary: per package and candidate its status and
-reason, the provider it really ran on (ONNX Runtime's `session.get_providers()`: a CUDA
-candidate that fell back to the CPU is `failed`, saying so), its error against the model's
-stored outputs, p50/p99 latency (every timed call ends with its outputs on the host), for a
+that are installed, and writes a result folder (--out, default
+docs/benchmarks/gpu-check/<date>/: results.json, results.md, README.md; results.json's
+`host` and `packages` are the summary): per package and candidate its status and reason, the
+provider it really ran on (ONNX Runtime's `session.get_providers()`: a CUDA candidate that
+fell back to the CPU is `failed`, saying so), its error against the model's stored outputs,
+p50/p99 latency (every timed call ends with its outputs on the host), for a
 reduced-precision one its metric, drop and bound on the package's gate data, and the chosen
-one. It imports no TensorFlow (checked: it refuses to run where TensorFlow was
+one. It imports no TensorFlow (checked: it refuses to write results where TensorFlow was
 imported).
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+import harness
+
+BENCHMARK = "gpu-check"
+ROOT = harness.ROOT
 GPU_CANDIDATES = (
     "onnxruntime-cuda", "onnxruntime-cuda:graph", "onnxruntime-cuda-fp16",
     "onnxruntime-cuda-fp16:graph", "onnxruntime-tensorrt", "onnxruntime-tensorrt-fp16",
@@ -50,7 +57,7 @@ INT8_CANDIDATES = (  # for a package whose options name int8 (OpenVINO's needs N
     "onnxruntime-cpu-int8", "onnxruntime-cpu-int8-static", "openvino-cpu-int8", "litert-int8",
     "litert-dynamic-int8",
 )  # fmt: skip
-INT8_MODEL = "digits-cnn"  # benchmarks/precision.py's, trained there (cached between runs)
+INT8_MODEL = "digits-cnn"  # the precision benchmark's (bench_models.py), trained and cached
 FP16_MODEL = "shapes-mobilenetv2"  # the same benchmark's, packaged with fp16 and its gate
 FP16_GATE_SAMPLES = 512  # of its gate split (64x64x3 images: the package stays under 50 MB)
 MAX_PACKAGE_MB = 50
@@ -120,16 +127,15 @@ def trained_package(
     package it with `precision_allowed`: the benchmark's calibration split where int8 is
     allowed (nothing else calibrates), and its gate (accuracy, max_drop) on the first
     `gate_samples` of the gate split (all where None)."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    import precision
+    import bench_models
 
     import infertune
 
-    model, data = precision.cached_model(name)
+    model, data = bench_models.cached_model(name)
     gate = (data.x("gate")[:gate_samples], data.y("gate")[:gate_samples])
     options = {
         "precision": precision_allowed,
-        "accuracy": infertune.Accuracy(gate, "accuracy", max_drop=precision.MAX_DROP),
+        "accuracy": infertune.Accuracy(gate, "accuracy", max_drop=bench_models.MAX_DROP),
     }
     if "int8" in precision_allowed:
         options["calibration"] = data.x("calibration")
@@ -160,8 +166,8 @@ def live_batch_norms(model, images):
     return model
 
 
-def run(packages: Path, out: Path) -> None:
-    """Every package tuned on this (GPU) host; the summary written to `out`."""
+def run(packages: Path) -> dict:
+    """Every package tuned on this (GPU) host: the summary, {"host", "packages"}."""
     import infertune
 
     summary: dict = {"host": {}, "packages": {}}
@@ -215,27 +221,76 @@ def run(packages: Path, out: Path) -> None:
             ],
         }
         opt.close()
-        print(f"{path.name}: chose {opt.backend} in {time.perf_counter() - start:.0f} s")
+        harness.log("gpu-check", f"{path.name}: chose {opt.backend} in "
+                    f"{time.perf_counter() - start:.0f} s")  # fmt: skip
     if "tensorflow" in sys.modules and sys.modules["tensorflow"] is not None:
         raise SystemExit("TensorFlow was imported: the check must run without it")
-    out.write_text(json.dumps(summary, indent=1, default=str))
-    print(f"summary written to {out}")
+    return summary
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def _number(value, form: str) -> str:
+    return "-" if value is None else format(value, form)
+
+
+def table(summary: dict) -> dict:
+    """Every package's candidates: status, where it ran, p50/p99, error, reduced precision."""
+    rows = []
+    for name, entry in summary["packages"].items():
+        if "error" in entry:
+            rows.append([name, "", "", "failed", entry["error"][:300]])
+            continue
+        for c in entry["candidates"]:
+            metric = ""
+            if c.get("metric") is not None:
+                metric = f"{c['metric']:.4f} ({_number(c.get('reference_metric'), '.4f')})"
+            rows.append(
+                [
+                    name,
+                    entry["chosen"],
+                    c["name"],
+                    c["status"],
+                    ", ".join(c["runs_on"] or []) if isinstance(c["runs_on"], list)
+                    else c["runs_on"] or "",
+                    _number(c["p50_ms"], ".3g"),
+                    _number(c["p99_ms"], ".3g"),
+                    _number(c["max_rel_err"], ".1e"),
+                    metric,
+                ]
+            )  # fmt: skip
+    head = [
+        "package", "chosen", "candidate", "status", "runs on", "p50 ms", "p99 ms", "error",
+        "metric (the model's)",
+    ]  # fmt: skip
+    return harness.table(head, rows)
+
+
+def main() -> int:
+    parser = harness.parser(__doc__)
     verbs = parser.add_subparsers(dest="verb", required=True)
     make = verbs.add_parser("prepare", help="on a CPU machine with TensorFlow")
     make.add_argument("--out", type=Path, default=Path("gpu-check"))
     tune = verbs.add_parser("run", help="on the GPU host, without TensorFlow")
     tune.add_argument("--packages", type=Path, required=True)
-    tune.add_argument("--out", type=Path, default=Path("summary.json"))
+    tune.add_argument("--out", type=Path, help=harness.SHARED_OPTIONS["--out"]["help"])
+    tune.add_argument("--json", type=Path, help=harness.SHARED_OPTIONS["--json"]["help"])
     args = parser.parse_args()
     if args.verb == "prepare":
         prepare(args.out)
-    else:
-        run(args.packages, args.out)
+        return 0
+    summary = run(args.packages)
+    data = harness.results(
+        BENCHMARK,
+        about=harness.about(__doc__),
+        notes="p50/p99 in ms, every timed call ending with its outputs on the host; error: "
+        "the largest relative error against the outputs stored in the package.",
+        rows=[{"package": name, **entry} for name, entry in summary["packages"].items()],
+        tables=[table(summary)],
+        headline={name: entry.get("chosen") for name, entry in summary["packages"].items()},
+        **summary,
+    )
+    harness.publish(data, args.out, args.json)
+    return 0  # a package that failed is its entry of the summary
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

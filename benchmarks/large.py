@@ -1,7 +1,7 @@
 """Large models: optimize() on models of hundreds of MB to past 2 GB of weights.
 
 python benchmarks/large.py [--models bert,recommender,dense] [--quick] [--no-by-hand]
-                           [--max-gb GB] [--lean-allocators] [--json FILE]
+                           [--max-gb GB] [--lean-allocators] [--out DIR] [--json FILE]
 
 Each model is built with random weights in a child process of its own (one at a time: the
 2 GB models need the machine's memory to themselves):
@@ -29,7 +29,9 @@ built, so that optimize() skips what would not fit instead. `--lean-allocators` 
 children with infertune.system.resources.LEAN_ALLOCATORS (one glibc arena, the system allocator
 under oneDNN), which keep less of what the conversions used.
 
-Prints one markdown table (for docs/benchmarks.md) with the machine's memory.
+Writes one markdown table (for docs/benchmarks.md), every candidate's fate and the stages
+optimize() spent its time in, to docs/benchmarks/large/<date>/ (--out; with --quick a
+temporary folder).
 """
 
 from __future__ import annotations
@@ -38,31 +40,25 @@ import argparse
 import json
 import math
 import os
-import subprocess
 import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
 
+import harness
+from harness import tree_rss_gb
+
 from infertune.errors import one_line
-from infertune.system.resources import (
-    LEAN_ALLOCATORS,
-    high_water_mark,
-    tree_rss_bytes,
-)
+from infertune.system.resources import LEAN_ALLOCATORS, high_water_mark
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+BENCHMARK = "large"
 MODELS = ("bert", "recommender", "dense")
 
 
 # -- memory of a process tree, from /proc ---------------------------------------------------
-def tree_rss_gb(pid: int | None = None) -> float:
-    """Resident memory of a process and all its descendants, in GB (1e9 bytes)."""
-    return (tree_rss_bytes(pid) or 0) / 1e9
-
-
 def _hwm_gb() -> float:
     """This process's high-water mark in GB: at least the tree's peak. infertune's own resets
     of VmHWM (around each conversion, to measure it) are folded in."""
@@ -209,7 +205,7 @@ def by_hand_export(name: str, quick: bool, directory: Path, out: Path) -> None:
     """The by-hand half, in a child of its own (the 2 GB models need the machine to
     themselves): ONNX as a user writes it, tf2onnx's from_function, with `large_model=True`
     and its external data past 2 GB; its time and this process's peak above the model built
-    written to `out`, the model to `directory` for the timing child to load."""
+    written to `out` (the child's result), the model to `directory` for the timing child."""
     import tensorflow as tf
     import tf2onnx
 
@@ -248,7 +244,7 @@ def by_hand_export(name: str, quick: bool, directory: Path, out: Path) -> None:
         row["error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
     row["export_s"] = time.perf_counter() - start
     row["peak_over_weights"] = (_hwm_gb() - before) / (weights / 1e9)
-    out.write_text(json.dumps(row))
+    harness.write_child_result(out, row)
 
 
 def _by_hand_session(found: dict, sample):
@@ -314,7 +310,7 @@ def child(name: str, quick: bool, by_hand: dict | None, out: Path, max_gb: float
             for c in report.candidates
         ],  # fmt: skip
     }
-    out.write_text(json.dumps(row, indent=2, default=str))  # what is known so far
+    harness.write_child_result(out, row)  # what is known so far
 
     # The result against tf.function and ONNX Runtime by hand, interleaved.
     names, specs, call = flat_function(model, sample)
@@ -326,8 +322,8 @@ def child(name: str, quick: bool, by_hand: dict | None, out: Path, max_gb: float
         "tf.function": lambda _: function(*args).numpy(),
     }
     if by_hand is not None:
-        row["by_hand_export_s"] = by_hand["export_s"]
-        row["by_hand_peak_over_weights"] = by_hand["peak_over_weights"]
+        row["by_hand_export_s"] = by_hand.get("export_s")
+        row["by_hand_peak_over_weights"] = by_hand.get("peak_over_weights")
         try:
             if "error" in by_hand:
                 raise RuntimeError(by_hand["error"])
@@ -335,7 +331,7 @@ def child(name: str, quick: bool, by_hand: dict | None, out: Path, max_gb: float
         except Exception as exc:  # said in the table
             row["by_hand_error"] = one_line(exc)[:300]
     row["timed_ms"] = _interleaved(runners)
-    out.write_text(json.dumps(row, indent=2, default=str))
+    harness.write_child_result(out, row)
     del np
 
 
@@ -355,79 +351,76 @@ def _interleaved(runners: dict, rounds: int = 7, block_s: float = 0.3) -> dict:
 
 
 # -- the parent -----------------------------------------------------------------------------
-def _memory_gb() -> float:
-    with open("/proc/meminfo") as meminfo:
-        for line in meminfo:
-            if line.startswith("MemTotal:"):
-                return int(line.split()[1]) * 1024 / 2**30
-    return float("nan")
-
-
 def _figure(row: dict, key: str, form: str) -> str:
     """row[key] in `form`, or "-" where it was not measured (--no-by-hand, a failure)."""
     value = row.get(key)
     return "-" if value is None or math.isnan(value) else form.format(value)
 
 
-def table(rows: list[dict]) -> str:
-    lines = [
-        f"Machine: {os.cpu_count()} cores, {_memory_gb():.0f} GiB of memory. Peak: resident "
-        f"memory of the process and its children, sampled every 0.5 s.",
-        "",
-        "| model | weights | before | peak | peak - before | x weights | optimize() | selected "
-        "| ms: infertune | tf.function | ORT by hand | by-hand export | its peak |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
+def table(rows: list[dict]) -> dict:
+    head = [
+        "model", "weights", "before", "peak", "peak - before", "x weights", "optimize()",
+        "selected", "ms: infertune", "tf.function", "ORT by hand", "by-hand export", "its peak",
+    ]  # fmt: skip
+    cells = []
     for r in rows:
         if "error" in r:
-            lines.append(f"| {r['model']} | failed: {r['error']} |")
+            cells.append([r["model"], f"failed: {r['error']}"])
             continue
         t = r.get("timed_ms", {})
 
         def ms(key, t=t):
             return f"{t[key]:.3g}" if key in t else "-"
 
-        lines.append(
-            f"| {r['model']} | {r['weights_gb']:.2f} GB | {r['rss_before_gb']:.2f} GB | "
-            f"{r['peak_gb']:.2f} GB | {r['peak_gb'] - r['rss_before_gb']:.2f} GB | "
-            f"{r['peak_over_weights']:.1f}x | {r['optimize_s']:.0f} s | {r['selected']} | "
-            f"{ms('infertune')} | {ms('tf.function')} | {ms('ort by hand')} | "
-            f"{_figure(r, 'by_hand_export_s', '{:.0f} s')} | "
-            f"{_figure(r, 'by_hand_peak_over_weights', '{:.1f}x')} |"
+        cells.append(
+            [
+                r["model"],
+                f"{r['weights_gb']:.2f} GB",
+                f"{r['rss_before_gb']:.2f} GB",
+                f"{r['peak_gb']:.2f} GB",
+                f"{r['peak_gb'] - r['rss_before_gb']:.2f} GB",
+                f"{r['peak_over_weights']:.1f}x",
+                f"{r['optimize_s']:.0f} s",
+                r["selected"],
+                ms("infertune"),
+                ms("tf.function"),
+                ms("ort by hand"),
+                _figure(r, "by_hand_export_s", "{:.0f} s"),
+                _figure(r, "by_hand_peak_over_weights", "{:.1f}x"),
+            ]
         )
+    return harness.table(head, cells)
+
+
+def details(rows: list[dict]) -> list[str]:
+    """Failures, every candidate's fate and the longest stages, model by model."""
+    lines = []
     for r in rows:
         if r.get("by_hand_error"):
-            lines += ["", f"{r['model']}: ORT by hand failed: {r['by_hand_error']}"]
+            lines.append(f"- {r['model']}: ORT by hand failed: {r['by_hand_error']}")
     for r in rows:
-        lines += ["", f"{r['model']}: candidates"]
+        lines.append(f"- {r['model']}: candidates")
         for c in r.get("candidates", []):
-            reason = f": {c['reason']}" if c["reason"] else ""
-            lines.append(f"- {c['name']}: {c['status']}{reason}"[:300])
+            why = f": {c['reason']}" if c["reason"] else ""
+            lines.append(f"  - {c['name']}: {c['status']}{why}"[:300])
         stages = (r.get("stages") or {}).get("stages")
         if stages:
             top = sorted(stages.items(), key=lambda kv: -kv[1])[:8]
-            lines.append("stages: " + ", ".join(f"{k} {v:.1f} s" for k, v in top))
-    return "\n".join(lines)
+            lines.append("  - stages: " + ", ".join(f"{k} {v:.1f} s" for k, v in top))
+    return lines
 
 
-def _watch(process: subprocess.Popen, max_gb: float) -> str | None:
-    """Wait for a child; kill it where its tree passes `max_gb` (then say so)."""
-    over = None
-    while process.poll() is None:
-        rss = tree_rss_gb(process.pid)
-        if max_gb and rss > max_gb:
-            over = f"killed at {rss:.1f} GB (--max-gb {max_gb:g})"
-            process.kill()
-        time.sleep(0.5)
-    return over
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def main() -> int:
+    parser = harness.parser(
+        __doc__,
+        "--out",
+        "--quick",
+        "--json",
+        child=True,
+        helps={"--quick": "small models of the same shapes"},
+    )
     parser.add_argument("--models", default=",".join(MODELS))
-    parser.add_argument("--quick", action="store_true", help="small models of the same shapes")
     parser.add_argument("--no-by-hand", action="store_true", help="no ONNX Runtime by hand")
-    parser.add_argument("--json", type=Path)
     parser.add_argument(
         "--max-gb", type=float, default=0.0, help="kill a model's child past this much memory"
     )
@@ -437,20 +430,18 @@ def main() -> None:
         help="start each child with infertune's LEAN_ALLOCATORS (one glibc arena, the "
         "system allocator under oneDNN)",
     )
-    parser.add_argument("--child", help=argparse.SUPPRESS)
-    parser.add_argument("--by-hand-child", help=argparse.SUPPRESS)
+    parser.add_argument("--export-to", type=Path, help=argparse.SUPPRESS)  # the by-hand child
     parser.add_argument("--by-hand", type=Path, help=argparse.SUPPRESS)  # its result
-    parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.by_hand_child:
-        by_hand_export(args.by_hand_child, args.quick, args.out.parent, args.out)
-        return
+    if args.child and args.export_to:
+        by_hand_export(args.child, args.quick, args.export_to, args.child_out)
+        return 0
     if args.child:
         found = json.loads(args.by_hand.read_text()) if args.by_hand else None
-        child(args.child, args.quick, found, args.out, args.max_gb)
-        return
+        child(args.child, args.quick, found, args.child_out, args.max_gb)
+        return 0
     rows = []
-    for name in args.models.split(","):
+    for name in harness.names_from(args.models, MODELS, parser):
         with tempfile.TemporaryDirectory(prefix="large-bench-") as tmp:
             quick = ["--quick"] * args.quick
             # The children's temporary files (an ONNX export's, a TFLite flatbuffer's) go
@@ -458,30 +449,37 @@ def main() -> None:
             env = {**os.environ, "TMPDIR": tmp}
             if args.lean_allocators:
                 env.update(LEAN_ALLOCATORS)
-            by_hand = None
+            command = []
             if not args.no_by_hand:  # first, alone: its export is kept for the timing
+                export = ["--export-to", tmp, *quick]
+                found = harness.run_in_child(__file__, name, export, env=env, max_gb=args.max_gb)
                 by_hand = Path(tmp) / "by_hand.json"
-                command = [sys.executable, __file__, "--by-hand-child", name, "--out", str(by_hand)]
-                over = _watch(subprocess.Popen(command + quick, env=env), args.max_gb)
-                if not by_hand.exists():
-                    error = over or "it exited without a result"
-                    by_hand.write_text(json.dumps({"error": error, "export_s": float("nan"),
-                                                   "peak_over_weights": float("nan")}))  # fmt: skip
-            out = Path(tmp) / "row.json"
-            command = [sys.executable, __file__, "--child", name, "--out", str(out), *quick]
-            command += ["--by-hand", str(by_hand)] * (by_hand is not None)
+                by_hand.write_text(json.dumps(found))
+                command += ["--by-hand", str(by_hand)]
             command += ["--max-gb", str(args.max_gb)] * bool(args.max_gb)
-            child_process = subprocess.Popen(command, env=env)
-            over = _watch(child_process, args.max_gb)
-            row = json.loads(out.read_text()) if out.exists() else {"model": name}
-            if child_process.returncode != 0:
-                row.setdefault("error", over or f"exit status {child_process.returncode}")
+            row = harness.run_in_child(
+                __file__, name, [*quick, *command], env=env, max_gb=args.max_gb
+            )
             rows.append(row)
-        print(json.dumps(rows[-1], default=str)[:2000], file=sys.stderr)
-    print(table(rows))
-    if args.json:
-        args.json.write_text(json.dumps(rows, indent=2, default=str))
+        harness.log("large", json.dumps(rows[-1], default=str)[:2000])
+    data = harness.results(
+        BENCHMARK,
+        about=harness.about(__doc__),
+        notes="Peak: resident memory of the process and its children, sampled every 0.5 s "
+        "(and the process's high-water mark); before: with the model built; ms: p50 per call, "
+        "interleaved.",
+        rows=rows,
+        tables=[table(rows)],
+        headline={
+            f"{r['model']}: peak over weights": r["peak_over_weights"]
+            for r in rows
+            if "peak_over_weights" in r
+        },
+        sections=[{"title": "Candidates and stages", "lines": details(rows)}],
+    )
+    harness.publish(data, args.out, args.json, args.quick)
+    return 0  # a model that failed is a row of the table, as it always was
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

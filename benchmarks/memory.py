@@ -1,7 +1,7 @@
 """Memory after optimize(): what the rejected candidates held must be released.
 
 python benchmarks/memory.py [--model mobilenet-v2|dense-MB] [--batch 1] [--backends A,B]
-                            [--json FILE]
+                            [--per-candidate] [--out DIR] [--json FILE]
 
 Two fresh processes, each building the demo model and calling it once before it measures its
 resident memory (VmRSS): one runs optimize() over every candidate, the other optimize() with
@@ -10,19 +10,22 @@ the rejected candidates left behind. Both also report the temporary files left b
 A third process runs every candidate with the final heap trim turned off (system/resources.py) and
 trims once optimize() has returned: the difference is what the trim hands back to the OS.
 `--model dense-100` is three Dense layers holding 100 MB of weights: what stays behind should
-not grow with the model.
+not grow with the model. `--per-candidate` instead runs optimize() with one candidate at a
+time, every candidate in turn, twice, in one process: what each leaves behind.
+
+Results: docs/benchmarks/memory/<date>/ (--out).
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
-import subprocess
 import sys
-import textwrap
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import harness
+
+BENCHMARK = "memory"
 
 CHILD = """
 import gc, json, os, sys, tempfile
@@ -87,11 +90,8 @@ def measure(
     """Run one child process that calls optimize(backends=r) for each r in `runs`; return
     what it measured, per run: `after_mb` with its result alive, `dropped_mb` once the result
     is dropped and freed, and `chosen`."""
-    code = textwrap.dedent(CHILD.format(model=model, batch=batch, runs=runs, no_trim=no_trim))
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        raise RuntimeError(f"the measuring process failed:\n{done.stderr[-3000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    code = CHILD.format(model=model, batch=batch, runs=runs, no_trim=no_trim)
+    return harness.fresh_process(code)
 
 
 def compare(model: str, batch: int | None, backends: list[str] | None = None) -> dict:
@@ -148,44 +148,78 @@ def per_candidate(model: str, batch: int | None, rounds: int = 2) -> list[dict]:
     return rows
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+KINDS = ("VmRSS", "RssAnon")
+
+
+def compare_table(result: dict) -> dict:
+    rows = [
+        [
+            kind,
+            f"{r['grown_every_candidate_mb']:+.1f} MB",
+            f"{r['grown_chosen_alone_mb']:+.1f} MB",
+            f"{r['left_by_rejected_mb']:+.1f} MB",
+            f"{r['trim_returns_mb']:.1f} MB",
+        ]
+        for kind, r in ((kind, result[kind]) for kind in KINDS)
+    ]
+    return harness.table(
+        ["", "every candidate", "chosen alone", "left by the rejected", "the trim returns"],
+        rows,
+        f"{result['model']}, chosen {result['chosen']}; resident memory after optimize():",
+    )
+
+
+def per_candidate_table(model: str, rows: list[dict]) -> dict:
+    return harness.table(
+        ["round", "candidate", "left behind"],
+        [[row["round"], row["candidate"], f"{row['left_mb']:+.1f} MB"] for row in rows],
+        f"{model}: anonymous memory left behind by each optimize(backends=[one])",
+    )
+
+
+def main() -> int:
+    parser = harness.parser(__doc__, "--out", "--json")
     parser.add_argument("--model", default="mobilenet-v2")
     parser.add_argument("--batch", type=int, default=None)
     parser.add_argument("--backends", help="comma-separated candidates (default: every one)")
     parser.add_argument("--per-candidate", action="store_true",
                         help="instead: what each candidate leaves behind, one at a time, "
                         "in one process, two rounds")  # fmt: skip
-    parser.add_argument("--json", help="write the result here as JSON")
     args = parser.parse_args()
     if args.per_candidate:
         rows = per_candidate(args.model, args.batch)
-        print(f"{args.model}: anonymous memory left behind by each optimize(backends=[one])")
-        for row in rows:
-            print(f"  round {row['round']}  {row['candidate']:28s} {row['left_mb']:+7.1f} MB")
-        if args.json:
-            with open(args.json, "w") as out:
-                json.dump({"model": args.model, "per_candidate": rows}, out, indent=2)
-        return
+        data = harness.results(
+            BENCHMARK,
+            about=harness.about(__doc__),
+            notes="--per-candidate: one process, optimize() with one candidate at a time, "
+            "every candidate in turn, two rounds; the anonymous memory (RssAnon) each run left "
+            "behind once its result was dropped.",
+            rows=rows,
+            tables=[per_candidate_table(args.model, rows)],
+            model=args.model,
+        )
+        harness.publish(data, args.out, args.json)
+        return 0
     backends = args.backends.split(",") if args.backends else None
     result = compare(args.model, args.batch, backends)
-    print(f"{result['model']}, chosen {result['chosen']}; resident memory after optimize():")
-    print("              every candidate  chosen alone  left by the rejected  the trim returns")
-    for kind in ("VmRSS", "RssAnon"):
-        r = result[kind]
-        print(
-            f"  {kind:8s}  {r['grown_every_candidate_mb']:+12.1f} MB  "
-            f"{r['grown_chosen_alone_mb']:+9.1f} MB  {r['left_by_rejected_mb']:+13.1f} MB  "
-            f"{r['trim_returns_mb']:9.1f} MB"
-        )
-    print(
-        f"temporary files left: {result['tmp_files_left'] or 'none'} (besides "
-        f"{result['autograph_sources']} autograph sources TensorFlow deletes at exit)"
+    notes = (
+        f"Temporary files left: {result['tmp_files_left'] or 'none'} (besides "
+        f"{result['autograph_sources']} autograph sources TensorFlow deletes at exit)."
     )
-    if args.json:
-        with open(args.json, "w") as out:
-            json.dump(result, out, indent=2)
+    data = harness.results(
+        BENCHMARK,
+        about=harness.about(__doc__),
+        notes=notes,
+        rows=[result],
+        tables=[compare_table(result)],
+        headline={
+            f"{kind}: left by the rejected, MB": result[kind]["left_by_rejected_mb"]
+            for kind in KINDS
+        },
+    )
+    harness.publish(data, args.out, args.json)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

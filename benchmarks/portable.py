@@ -1,7 +1,8 @@
 """Tune where it runs: a package made here with TensorFlow, tuned in a fresh virtual
 environment without TensorFlow, against optimize() on the model itself.
 
-python benchmarks/portable.py [--models small-cnn,mobilenet-v2] [--venv DIR] [--json FILE]
+python benchmarks/portable.py [--models small-cnn,mobilenet-v2] [--venv DIR] [--out DIR]
+                              [--json FILE]
 
 For each model (infertune.demo's), in child processes:
 
@@ -16,12 +17,13 @@ Same choice: the package's tuning chooses what optimize() chose, or one within t
 spread of it there (both p50s given). The virtual environment is made once under --venv
 (default: a temporary directory, removed after) from the project's own files and
 constraints.txt.
+
+Results: docs/benchmarks/portable/<date>/ (--out).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import subprocess
 import sys
@@ -29,7 +31,10 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+import harness
+
+BENCHMARK = "portable"
+ROOT = harness.ROOT
 MODELS = ("small-cnn", "mobilenet-v2")
 RUNTIMES = ("numpy", "onnx", "onnxruntime", "openvino", "ai-edge-litert", "nncf")
 
@@ -98,72 +103,90 @@ def make_venv(venv: Path) -> Path:
 
 
 def child(python: str, role: str, name: str, package_dir: Path) -> dict:
+    """The model `name`'s `role` ("with": TensorFlow's side, "without": the venv's) in a child
+    process run by `python`."""
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
     if role == "without":
         env.pop("PYTHONPATH", None)  # the venv's own infertune, not the checkout's path
-    done = subprocess.run(
-        [python, __file__, "--child", role, "--model", name, "--package", str(package_dir)],
-        capture_output=True, text=True, env=env,
-    )  # fmt: skip
-    if done.returncode != 0:
-        return {"error": done.stderr[-1500:]}
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    args = ["--role", role, "--package", str(package_dir)]
+    log = package_dir.parent / f"{name}-{role}.log"  # the child's output, its tail on failure
+    return harness.run_in_child(__file__, name, args, python=python, env=env, log_file=log)
 
 
-def table(rows: list[dict]) -> str:
-    lines = [
-        "| model | optimize() s | chose | package MB | package s | tuned from it s (no TF) | "
-        "chose there | same or within spread | import s | peak RSS MB |",
-        "|---|---|---|---|---|---|---|---|---|---|",
-    ]
+def table(rows: list[dict]) -> dict:
+    head = [
+        "model", "optimize() s", "chose", "package MB", "package s", "tuned from it s (no TF)",
+        "chose there", "same or within spread", "import s", "peak RSS MB",
+    ]  # fmt: skip
+    cells = []
     for r in rows:
         a, b = r["with"], r["without"]
         if "error" in a or "error" in b:
-            lines.append(f"| {r['model']} | error: {(a.get('error') or b.get('error'))[:80]} |")
+            cells.append([r["model"], f"error: {(a.get('error') or b.get('error'))[:80]}"])
             continue
         same = "same" if a["chosen"] == b["chosen"] else (
             f"{a['chosen']} {b['p50'].get(a['chosen'], float('nan')):.4g} ms against "
             f"{b['chosen']} {b['p50'][b['chosen']]:.4g} ms there"
         )  # fmt: skip
-        lines.append(
-            f"| {r['model']} | {a['optimize_s']:.1f} | {a['chosen']} | {a['package_mb']:.1f} | "
-            f"{a['package_s']:.1f} | {b['tune_s']:.1f} | {b['chosen']} | {same} | "
-            f"{b['import_s']:.2f} | {b['peak_rss_mb']:.0f} |"
+        cells.append(
+            [
+                r["model"],
+                f"{a['optimize_s']:.1f}",
+                a["chosen"],
+                f"{a['package_mb']:.1f}",
+                f"{a['package_s']:.1f}",
+                f"{b['tune_s']:.1f}",
+                b["chosen"],
+                same,
+                f"{b['import_s']:.2f}",
+                f"{b['peak_rss_mb']:.0f}",
+            ]
         )
-    return "\n".join(lines)
+    return harness.table(head, cells)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main() -> int:
+    parser = harness.parser(__doc__, "--out", "--json", child=True)
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--venv", type=Path, help="the TensorFlow-free venv (made if missing)")
-    parser.add_argument("--json", type=Path)
-    parser.add_argument("--child", help=argparse.SUPPRESS)
-    parser.add_argument("--model", help=argparse.SUPPRESS)
+    parser.add_argument("--role", choices=("with", "without"), help=argparse.SUPPRESS)
     parser.add_argument("--package", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.child == "with":
-        print(json.dumps(with_tensorflow(args.model, args.package)))
-        return
-    if args.child == "without":
-        print(json.dumps(without_tensorflow(args.package)))
-        return
+    if args.child:
+        if args.role == "with":
+            result = with_tensorflow(args.child, args.package)
+        else:
+            result = without_tensorflow(args.package)
+        harness.write_child_result(args.child_out, result)
+        return 0
     with tempfile.TemporaryDirectory(prefix="infertune-portable-") as tmp:
         venv = args.venv or Path(tmp) / "venv"
         start = time.perf_counter()
         python = make_venv(venv)
-        print(f"TensorFlow-free venv ready in {time.perf_counter() - start:.0f} s: {venv}")
+        harness.log(
+            "portable", f"TensorFlow-free venv ready in {time.perf_counter() - start:.0f} s: {venv}"
+        )
         rows = []
         for name in args.models.split(","):
             package_dir = Path(tmp) / f"{name}.package"
             row = {"model": name, "with": child(sys.executable, "with", name, package_dir)}
             row["without"] = child(str(python), "without", name, package_dir)
             rows.append(row)
-            print(json.dumps(row, default=str)[:600])
-    print(table(rows))
-    if args.json:
-        args.json.write_text(json.dumps(rows, indent=1, default=str))
+    data = harness.results(
+        BENCHMARK,
+        about=harness.about(__doc__),
+        notes="optimize() on the model where TensorFlow is, against optimize() on its package "
+        "in a virtual environment without TensorFlow; both p50s given where the choices differ.",
+        rows=rows,
+        tables=[table(rows)],
+        headline={
+            f"{r['model']}: same choice": r["with"].get("chosen") == r["without"].get("chosen")
+            for r in rows
+        },
+    )
+    harness.publish(data, args.out, args.json)
+    return 0  # a child's failure is its row of the table
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

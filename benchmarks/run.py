@@ -1,10 +1,11 @@
 """The benchmark suite: the "TensorFlow inference is slow" cases, infertune against by-hand code.
 
 For each case it times, in one interleaved run with infertune's measurement engine, every
-runtime called the way a user writes it by hand with default settings (by_hand.py), the
+runtime called the way a user writes it by hand with default settings (harness.py), the
 chosen runtime called directly with infertune's chosen settings, and the callable that
-infertune.optimize() returns. It writes results.json, results.md and latency.png, and
-checks the targets (exit code 1 if one fails):
+infertune.optimize() returns. It writes a result folder (results.json, results.md,
+README.md and latency.png; docs/benchmarks/run/<date>/ unless --out) and checks the targets
+(exit code 1 if one fails):
 
 * small CNN, batch 1: the callable >= 50x faster than `model(x)`; optimize() < 20 s;
 * every case: the callable within 10% (or 5 us) of calling its chosen runtime directly;
@@ -16,12 +17,12 @@ checks the targets (exit code 1 if one fails):
 `--busy-cores N` keeps N cores busy with spinning processes for the whole run, as another
 tenant of a shared machine does: the case where one thread beats two.
 
-    python benchmarks/run.py [--cases small-cnn-b1,mlp-b1000] [--out docs/benchmarks]
+    python benchmarks/run.py [--cases small-cnn-b1,mlp-b1000] [--budget 15] [--busy-cores 1]
+                             [--out DIR]
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import os
 import subprocess
@@ -31,21 +32,14 @@ from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import by_hand
+import harness
 import numpy as np
-from timing import (
-    EXACT_RTOL,
-    ONNXRUNTIME_COOLDOWN_S,
-    machine_description,
-    measure_runners,
-    relative_error,
-    write_results,
-)
+from harness import EXACT_RTOL
 
 import infertune
 from infertune.demo import demo_model
-from infertune.system.environment import collect_environment
 
+BENCHMARK = "run"
 CASES = {  # case -> (demo model, batch)
     "small-cnn-b1": ("small-cnn", 1),
     "mlp-b1000": ("mlp", 1000),
@@ -55,35 +49,16 @@ CASES = {  # case -> (demo model, batch)
     "transformer-b1": ("transformer", 1),
 }
 ALWAYS_TIMED = ("model(x)", "model.predict(x)")  # the baselines people start from
+BY_HAND = (*ALWAYS_TIMED, "tf.function", "tf.function+XLA", "onnxruntime", "openvino", "litert")
 
 
-def by_hand_runners(model, sample) -> tuple[dict, dict, bytes]:
-    """Every runtime written by hand with its defaults: (runners, notes on skipped, onnx)."""
-    model_bytes = by_hand.onnx_bytes(model, sample)
-    builders = {
-        "model(x)": lambda: by_hand.keras_call(model, sample),
-        "model.predict(x)": lambda: by_hand.keras_predict(model, sample),
-        "tf.function": lambda: by_hand.tf_function(model, sample),
-        "tf.function+XLA": lambda: by_hand.tf_function(model, sample, jit_compile=True),
-        "onnxruntime": lambda: by_hand.onnxruntime_session(model_bytes, sample),
-        "openvino": lambda: by_hand.openvino_compiled(model_bytes, sample),
-        "litert": lambda: by_hand.litert_interpreter(model, sample),
-    }
-    runners, skipped = {}, {}
-    for label, build in builders.items():
-        try:
-            runners[label] = build()
-        except Exception as exc:  # a runtime missing here or failing on this model: say so
-            skipped[label] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:120]}"
-    return runners, skipped, model_bytes
-
-
-def direct_runner(opt, model_bytes: bytes, sample, runners: dict):
-    """The chosen runtime called directly, with infertune's chosen settings: (label, runner)."""
+def direct_runner(opt, onnx, sample, runners: dict):
+    """The chosen runtime called directly, with infertune's chosen settings: (label, runner);
+    `onnx()` the by-hand export."""
     backend = opt.backends[0]  # the benchmark reads the chosen settings to rebuild them by hand
     if opt.backend.startswith("onnxruntime-cpu") and not opt.backend.endswith("int8"):
         options = backend.settings.session_options()
-        return "direct", by_hand.onnxruntime_session(model_bytes, sample, options)
+        return "direct", harness.onnxruntime_session(onnx(), sample, options)
     same = {"keras-eager": "model(x)", "tf-function": "tf.function", "tf-xla": "tf.function+XLA"}
     if opt.backend in same and same[opt.backend] in runners:
         return same[opt.backend], runners[same[opt.backend]]
@@ -94,24 +69,28 @@ def direct_runner(opt, model_bytes: bytes, sample, runners: dict):
 def run_case(case: str, budget_s: float) -> dict:
     name, batch = CASES[case]
     model, sample = demo_model(name, batch=batch)
-    print(f"[bench] {case}: optimize()", file=sys.stderr, flush=True)
+    harness.log("bench", f"{case}: optimize()")
     start = time.perf_counter()
     opt = infertune.optimize(model, sample, verbose=False)
     optimize_s = time.perf_counter() - start
-    print(f"[bench] {case}: by-hand runtimes", file=sys.stderr, flush=True)
-    runners, skipped, model_bytes = by_hand_runners(model, sample)
+    harness.log("bench", f"{case}: by-hand runtimes")
+    builders, onnx = harness.by_hand_builders(model, sample, BY_HAND)
+    runners, skipped, _ = harness.build_runners(builders)
     reference = np.asarray(model(sample), dtype=np.float64)
-    errors = {label: relative_error(fn(), reference) for label, fn in runners.items()}
-    direct_label, direct = direct_runner(opt, model_bytes, sample, runners)
+    errors = harness.check_first_calls(runners, reference, skipped)
+    direct_label, direct = direct_runner(opt, onnx, sample, runners)
     runners.setdefault(direct_label, direct)
     runners["infertune"] = lambda: opt(sample)
-    print(f"[bench] {case}: measuring {len(runners)} runners", file=sys.stderr, flush=True)
+    harness.log("bench", f"{case}: measuring {len(runners)} runners")
     # ONNX Runtime's spinning workers keep a core busy after each call (see OrtSettings):
     # wait it out after their blocks, as infertune's own measurement does.
-    cooldown = {"onnxruntime": ONNXRUNTIME_COOLDOWN_S, "infertune": opt.backends[0].cooldown_s}
+    cooldown = {
+        "onnxruntime": harness.onnxruntime_cooldown_s(),
+        "infertune": opt.backends[0].cooldown_s,
+    }
     if direct_label == "direct":
         cooldown["direct"] = opt.backends[0].cooldown_s
-    measured = measure_runners(runners, budget_s=budget_s, cooldown_s=cooldown)
+    measured = harness.measure_runners(runners, budget_s=budget_s, cooldown_s=cooldown)
     p50 = {label: s.p50 for label, s in measured.stats.items()}
     exact = {
         label: p50[label]
@@ -145,11 +124,8 @@ COLUMNS = ["model(x)", "model.predict(x)", "tf.function", "tf.function+XLA", "on
            "openvino", "litert", "infertune"]  # fmt: skip
 
 
-def markdown(results: list[dict]) -> str:
-    head = (
-        "| case | " + " | ".join(COLUMNS) + " | infertune chose | vs model(x) | vs best by hand |"
-    )
-    lines = [head, "|---" * (len(COLUMNS) + 4) + "|"]
+def markdown(results: list[dict]) -> dict:
+    rows = []
     for r in results:
         cells = []
         for label in COLUMNS:
@@ -158,24 +134,39 @@ def markdown(results: list[dict]) -> str:
             if value is not None and r["rel_err"].get(label, 0.0) > EXACT_RTOL:
                 cell += f" (err {r['rel_err'][label]:.0e})"
             cells.append(cell)
-        lines.append(
-            f"| {r['case']} | " + " | ".join(cells) + f" | {r['selected']} | "
-            f"{r['vs_model_call']:.0f}x | {r['vs_best_exact_by_hand']:.2f}x "
-            f"({r['best_exact_by_hand']}) |"
+        rows.append(
+            [
+                r["case"],
+                *cells,
+                r["selected"],
+                f"{r['vs_model_call']:.0f}x",
+                f"{r['vs_best_exact_by_hand']:.2f}x ({r['best_exact_by_hand']})",
+            ]
         )
-    return "\n".join(lines)
+    head = ["case", *COLUMNS, "infertune chose", "vs model(x)", "vs best by hand"]
+    return harness.table(head, rows)
 
 
-def check_targets(results: list[dict], busy_cores: int = 0) -> list[str]:
-    checks: list[tuple[bool, str]] = []
+def check_targets(results: list[dict], busy_cores: int = 0) -> list[dict]:
+    target = harness.target
+    checks: list[dict] = []
     for r in results:
         case, speedup, took = r["case"], r["vs_model_call"], r["optimize_s"]
         if case == "small-cnn-b1":
-            checks.append((speedup >= 50, f"{case}: {speedup:.0f}x faster than model(x) (>= 50x)"))
-            checks.append((took < 20, f"{case}: optimize() took {took:.1f} s (< 20 s)"))
+            checks.append(
+                target(f"{case}: speed-up over model(x)", ">= 50x", speedup, speedup >= 50,
+                       f"{case}: {speedup:.0f}x faster than model(x) (>= 50x)")
+            )  # fmt: skip
+            checks.append(
+                target(f"{case}: optimize() seconds", "< 20 s", took, took < 20,
+                       f"{case}: optimize() took {took:.1f} s (< 20 s)")
+            )  # fmt: skip
         extra_us, extra_pct = r["overhead_us"], (r["overhead_ratio"] - 1) * 100
         checks.append(
-            (
+            target(
+                f"{case}: the callable against {r['direct']}",
+                "<= 1.10x or +5 us",
+                r["overhead_ratio"],
                 r["overhead_ratio"] <= 1.10 or extra_us <= 5.0,
                 f"{case}: callable vs {r['direct']}: {extra_us:+.2f} us ({extra_pct:+.1f}%) "
                 f"(within 10% or 5 us)",
@@ -183,14 +174,26 @@ def check_targets(results: list[dict], busy_cores: int = 0) -> list[str]:
         )
         ratio, best = r["vs_best_exact_by_hand"], r["best_exact_by_hand"]
         checks.append(
-            (ratio >= 0.97, f"{case}: {ratio:.2f}x the best exact by-hand default {best} (>= 0.97)")
+            target(
+                f"{case}: speed against the fastest exact by-hand default",
+                ">= 0.97x",
+                ratio,
+                ratio >= 0.97,
+                f"{case}: {ratio:.2f}x the best exact by-hand default {best} (>= 0.97)",
+            )
         )
     if len(results) > 2 and not busy_cores:
         clearly = [r["case"] for r in results if r["vs_best_exact_by_hand"] >= 1.1]
         checks.append(
-            (len(clearly) >= 2, f">= 1.1x the best exact by-hand default on {clearly} (>= 2 cases)")
+            target(
+                "cases >= 1.1x the fastest exact by-hand default",
+                ">= 2",
+                len(clearly),
+                len(clearly) >= 2,
+                f">= 1.1x the best exact by-hand default on {clearly} (>= 2 cases)",
+            )
         )
-    return [f"{'PASS' if ok else 'FAIL'} {text}" for ok, text in checks]
+    return checks
 
 
 def plot(results: list[dict], path: Path) -> None:
@@ -230,42 +233,38 @@ def busy(cores: int):
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = harness.parser(__doc__, "--out", "--json")
     parser.add_argument("--cases", default=",".join(CASES), help="comma-separated case names")
-    parser.add_argument("--out", type=Path, default=Path("docs/benchmarks"))
     parser.add_argument("--budget", type=float, default=15.0, help="measurement s per case")
     parser.add_argument(
         "--busy-cores", type=int, default=0, help="cores kept busy by other processes meanwhile"
     )
     args = parser.parse_args()
-    cases = [c for c in args.cases.split(",") if c]
-    unknown = [c for c in cases if c not in CASES]
-    if unknown:
-        parser.error(f"unknown cases {unknown}; known: {list(CASES)}")
+    cases = harness.names_from(args.cases, CASES, parser)
     if args.busy_cores < 0:
         parser.error("--busy-cores must be 0 or more")
     with busy(args.busy_cores):
         results = [run_case(case, args.budget) for case in cases]
-    env = collect_environment()
-    machine = machine_description(env)
     targets = check_targets(results, args.busy_cores)
     busy_note = f" {args.busy_cores} core(s) kept busy by other processes." * (args.busy_cores > 0)
-    text = "\n\n".join(
-        [
-            "Median ms per call (p50), all columns timed in one interleaved run per case."
-            + busy_note,
-            f"Machine: {machine}",
-            markdown(results),
-            "\n".join(targets),
-        ]
+    data = harness.results(
+        BENCHMARK,
+        about=harness.about(__doc__),
+        notes="Median ms per call (p50), all columns timed in one interleaved run per case."
+        + busy_note,
+        rows=results,
+        tables=[markdown(results)],
+        targets=targets,
+        headline={f"{r['case']}: vs model(x)": r["vs_model_call"] for r in results}
+        | {f"{r['case']}: vs best by hand": r["vs_best_exact_by_hand"] for r in results},
+        busy_cores=args.busy_cores,
     )
-    print(text)
-    write_results(args.out, text, env, results, targets)
+    folder = harness.publish(data, args.out, args.json)
     try:
-        plot(results, args.out / "latency.png")
+        plot(results, folder / "latency.png")
     except ModuleNotFoundError as exc:  # the results are written; the picture needs an extra
         print(f"latency.png not drawn: {exc} (pip install '.[bench]')", file=sys.stderr)
-    return 0 if all(t.startswith("PASS") for t in targets) else 1
+    return harness.exit_code(targets)
 
 
 if __name__ == "__main__":

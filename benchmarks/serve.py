@@ -2,7 +2,7 @@
 hand around the Keras model; and infertune's deployment under hostile input and a fault.
 
     python benchmarks/serve.py [--models small-cnn,mobilenet-v2] [--concurrency 16]
-                               [--seconds 20] [--runs serve,data,fault] [--json FILE]
+                               [--seconds 20] [--runs serve,data,fault] [--out DIR] [--json FILE]
 
 One local Ray (`ray.init(num_cpus=2)`, bound to 127.0.0.1), one replica per deployment, the
 same client for both:
@@ -34,11 +34,14 @@ same client for both:
   right answer, and the replica's memory before and at its peak during the burst.
 
 Both deployments' first answers are checked against the Keras model before timing.
+Targets (exit code 1 if one fails): in the fault run, no request lost or answered wrongly,
+and every bad request answered with its 4xx/413.
+
+Results: docs/benchmarks/serve/<date>/ (--out).
 """
 
 from __future__ import annotations
 
-import argparse
 import http.client
 import json
 import logging
@@ -59,6 +62,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("RAY_AUTH_MODE", "token")
 os.environ.setdefault("RAY_AUTH_TOKEN", secrets.token_hex(16))
 
+import harness  # noqa: E402
 import numpy as np  # noqa: E402
 import ray  # noqa: E402
 from ray import serve  # noqa: E402
@@ -68,6 +72,8 @@ from starlette.responses import Response  # noqa: E402
 import infertune  # noqa: E402
 import infertune.ray  # noqa: E402
 from infertune.demo import demo_model  # noqa: E402
+
+BENCHMARK = "serve"
 
 MAX_BATCH_SIZE = 32
 BATCH_WAIT_S = 0.005
@@ -451,8 +457,8 @@ def bench_data(name: str, model, saved: Path, args) -> list[dict]:
     return rows
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main() -> int:
+    parser = harness.parser(__doc__, "--out", "--json")
     parser.add_argument("--models", default="small-cnn,mobilenet-v2")
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--seconds", type=float, default=20.0)
@@ -461,7 +467,6 @@ def main() -> None:
                         help="which runs: serve (requests/s), data (Ray Data), fault "
                         "(hostile input and a killed replica, on the first model)")  # fmt: skip
     parser.add_argument("--fault-clients", type=int, default=4)
-    parser.add_argument("--json", help="write the results here")
     args = parser.parse_args()
     runs = set(args.runs.split(","))
 
@@ -472,7 +477,7 @@ def main() -> None:
         prepared = []
         for name in args.models.split(","):
             model, sample = demo_model(name)
-            print(f"{name}: tuning", file=sys.stderr, flush=True)
+            harness.log("serve", f"{name}: tuning")
             opt = infertune.optimize(model, sample, verbose=False)
             tuned[name] = opt.backend
             saved = opt.save(work / name / "tuned")
@@ -483,14 +488,14 @@ def main() -> None:
                  _node_ip_address="127.0.0.1", logging_level=logging.WARNING)  # fmt: skip
         serve.start(http_options={"host": "127.0.0.1", "port": args.port})
         for name, model, saved, keras_path, sample in prepared:
-            print(f"{name}: serving ({tuned[name]})", file=sys.stderr, flush=True)
+            harness.log("serve", f"{name}: serving ({tuned[name]})")
             if "serve" in runs:
                 serve_rows += bench_serve(name, model, saved, keras_path, sample, args)
             if "data" in runs:
                 data_rows += bench_data(name, model, saved, args)
         if "fault" in runs:
             name, model, saved, _, sample = prepared[0]
-            print(f"{name}: faults ({tuned[name]})", file=sys.stderr, flush=True)
+            harness.log("serve", f"{name}: faults ({tuned[name]})")
             faults = bench_faults(name, model, saved, sample, args)
     finally:
         if ray.is_initialized():
@@ -498,76 +503,115 @@ def main() -> None:
             ray.shutdown()
         shutil.rmtree(ray_dir, ignore_errors=True)
         shutil.rmtree(work, ignore_errors=True)
-    print_tables(serve_rows, data_rows, tuned, args)
-    if faults is not None:
-        print_faults(faults, tuned)
-    if args.json:
-        Path(args.json).write_text(json.dumps(
-            {"serve": serve_rows, "data": data_rows, "faults": faults, "tuned": tuned,
-             "concurrency": args.concurrency, "seconds": args.seconds}, indent=2))  # fmt: skip
-    if faults is not None and (faults["lost"] or faults["wrong"] or faults["bad_unexpected"]):
-        sys.exit("the fault run lost requests, answered one wrongly, or answered a bad one "
-                 "with an unexpected status: see above")  # fmt: skip
-
-
-def print_faults(faults: dict, tuned: dict) -> None:
-    errors = ", ".join(f"{count} x {status}" for status, count in sorted(faults["error"].items()))
-    print(f"\nFaults, {faults['model']} ({tuned[faults['model']]}), {faults['clients']} clients "
-          f"at one request per 50 ms each:\n")  # fmt: skip
-    print(
-        "| sent | answered right | answered with an error | answered wrong | lost | "
-        "recovered after the kill | replica memory: before the burst, peak |"
-    )
-    print("|---|---|---|---|---|---|---|")
-    recover = "never" if faults["recover_s"] is None else f"{faults['recover_s']:.1f} s"
-    print(
-        f"| {faults['sent']} | {faults['right']} | {faults['errors_after_kill']} answered after "
-        f"the kill ({errors or 'none'}; {faults['in_flight_at_kill']} requests in flight at the "
-        f"kill), {faults['errors_before_kill']} before | "
-        f"{faults['wrong']} | {faults['lost']} | {recover} | "
-        f"{faults['replica_rss_before_mib']:.0f} MiB, {faults['replica_rss_peak_mib']:.0f} MiB |"
-    )
-    print(
-        f"\nBad requests: {faults['bad_answered_as_expected']} of {faults['bad_requests']} "
-        f"got their 4xx/413 (burst {faults['burst_s']:.1f} s); unexpected: "
-        f"{faults['bad_unexpected'] or 'none'}"
-    )
-
-
-def print_tables(serve_rows: list[dict], data_rows: list[dict], tuned: dict, args) -> None:
+    tables = []
     if serve_rows:
-        print_serve(serve_rows, tuned, args)
+        tables.append(serve_table(serve_rows, tuned, args))
     if data_rows:
-        print_data(data_rows)
+        tables.append(data_table(data_rows))
+    targets = []
+    if faults is not None:
+        tables += fault_tables(faults, tuned)
+        targets = fault_targets(faults)
+    data = harness.results(
+        BENCHMARK,
+        about=harness.about(__doc__),
+        rows=[*serve_rows, *data_rows],
+        tables=tables,
+        targets=targets,
+        headline={
+            f"{r['model']}: {r['deployment']} requests/s": r["requests_per_s"] for r in serve_rows
+        },
+        serve=serve_rows,
+        data=data_rows,
+        faults=faults,
+        tuned=tuned,
+        concurrency=args.concurrency,
+        seconds=args.seconds,
+    )
+    harness.publish(data, args.out, args.json)
+    return harness.exit_code(targets)
 
 
-def print_serve(serve_rows: list[dict], tuned: dict, args) -> None:
-    print(f"\nRay Serve, 1 replica, {args.concurrency} concurrent clients, one-sample requests, "
-          f"{args.seconds:.0f} s each, batches of up to {MAX_BATCH_SIZE}:\n")  # fmt: skip
-    print("| model | deployment | requests/s | p50 ms | p99 ms | vs by hand |")
-    print("|---|---|---|---|---|---|")
+def fault_targets(faults: dict) -> list[dict]:
+    bad = faults["bad_unexpected"]
+    return [
+        harness.target("fault run: requests lost", "= 0", faults["lost"], faults["lost"] == 0),
+        harness.target(
+            "fault run: requests answered wrongly", "= 0", faults["wrong"], faults["wrong"] == 0
+        ),
+        harness.target(
+            "fault run: bad requests answered with an unexpected status", "= 0", len(bad), not bad,
+            f"fault run: bad requests answered with an unexpected status: {bad or 'none'}",
+        ),
+    ]  # fmt: skip
+
+
+def fault_tables(faults: dict, tuned: dict) -> list[dict]:
+    errors = ", ".join(f"{count} x {status}" for status, count in sorted(faults["error"].items()))
+    recover = "never" if faults["recover_s"] is None else f"{faults['recover_s']:.1f} s"
+    head = [
+        "sent", "answered right", "answered with an error", "answered wrong", "lost",
+        "recovered after the kill", "replica memory: before the burst, peak",
+    ]  # fmt: skip
+    row = [
+        faults["sent"],
+        faults["right"],
+        f"{faults['errors_after_kill']} answered after the kill ({errors or 'none'}; "
+        f"{faults['in_flight_at_kill']} requests in flight at the kill), "
+        f"{faults['errors_before_kill']} before",
+        faults["wrong"],
+        faults["lost"],
+        recover,
+        f"{faults['replica_rss_before_mib']:.0f} MiB, {faults['replica_rss_peak_mib']:.0f} MiB",
+    ]
+    title = (
+        f"Faults, {faults['model']} ({tuned[faults['model']]}), {faults['clients']} clients "
+        "at one request per 50 ms each:"
+    )
+    bad = harness.table(
+        ["bad requests", "got their 4xx/413", "burst s", "unexpected"],
+        [[
+            faults["bad_requests"], faults["bad_answered_as_expected"],
+            f"{faults['burst_s']:.1f}", faults["bad_unexpected"] or "none",
+        ]],
+        "Bad requests:",
+    )  # fmt: skip
+    return [harness.table(head, [row], title), bad]
+
+
+def serve_table(serve_rows: list[dict], tuned: dict, args) -> dict:
+    title = (
+        f"Ray Serve, 1 replica, {args.concurrency} concurrent clients, one-sample requests, "
+        f"{args.seconds:.0f} s each, batches of up to {MAX_BATCH_SIZE}:"
+    )
     by_hand = {
         r["model"]: r["requests_per_s"] for r in serve_rows if r["deployment"] == "Keras by hand"
     }
+    rows = []
     for row in serve_rows:
         label = row["deployment"]
         if label == "infertune":
             label = f"infertune ({tuned[row['model']]}, mean batch {row['mean_batch']:.1f})"
         ratio = row["requests_per_s"] / by_hand[row["model"]]
-        print(f"| {row['model']} | {label} | {row['requests_per_s']:.0f} | {row['p50_ms']:.1f} "
-              f"| {row['p99_ms']:.1f} | {ratio:.1f}x |")  # fmt: skip
+        rows.append([row["model"], label, f"{row['requests_per_s']:.0f}",
+                     f"{row['p50_ms']:.1f}", f"{row['p99_ms']:.1f}", f"{ratio:.1f}x"])  # fmt: skip
+    head = ["model", "deployment", "requests/s", "p50 ms", "p99 ms", "vs by hand"]
+    return harness.table(head, rows, title)
 
 
-def print_data(data_rows: list[dict]) -> None:
-    print("\nRay Data over one array (wall time from the call to the last batch):\n")
-    print("| model | way | samples | seconds | samples/s | vs model.predict |")
-    print("|---|---|---|---|---|---|")
+def data_table(data_rows: list[dict]) -> dict:
     predict = {r["model"]: r["samples_per_s"] for r in data_rows if "predict" in r["way"]}
+    rows = []
     for row in data_rows:
         ratio = row["samples_per_s"] / predict[row["model"]]
-        print(f"| {row['model']} | {row['way']} | {row['samples']} | {row['seconds']:.1f} | "
-              f"{row['samples_per_s']:.0f} | {ratio:.1f}x |")  # fmt: skip
+        rows.append([row["model"], row["way"], row["samples"], f"{row['seconds']:.1f}",
+                     f"{row['samples_per_s']:.0f}", f"{ratio:.1f}x"])  # fmt: skip
+    return harness.table(
+        ["model", "way", "samples", "seconds", "samples/s", "vs model.predict"],
+        rows,
+        "Ray Data over one array (wall time from the call to the last batch):",
+    )
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

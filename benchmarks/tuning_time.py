@@ -1,7 +1,7 @@
 """Tuning time: what optimize() costs, against what one runtime costs to try by hand.
 
 python benchmarks/tuning_time.py [--models resnet50,mobilenet-v2,small-cnn]
-                                 [--budget SECONDS] [--json FILE] [--log DIR]
+                                 [--budget SECONDS] [--out DIR] [--json FILE] [--log DIR]
 
 For each model, in a fresh process of its own (so that no model's compiled state, caches or
 memory help another):
@@ -20,14 +20,14 @@ whose cores other work keeps busy, wall time follows the CPU work, whatever over
 Models: resnet50 is keras.applications.ResNet50(weights=None, input_shape=(128, 128, 3)),
 batch 1, inputs uniform in 0..255; mobilenet-v2 and small-cnn are infertune's demo models
 (224x224x3 and 28x28x1, batch 1, inputs in 0..1).
+
+Results: docs/benchmarks/tuning-time/<date>/ (--out); --log keeps each model's optimize()
+progress log.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -35,8 +35,10 @@ from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+import harness
+
+BENCHMARK = "tuning-time"
 MODELS = ("resnet50", "mobilenet-v2", "small-cnn")
-HERE = Path(__file__).resolve().parent
 
 
 def build(name: str):
@@ -54,34 +56,32 @@ def build(name: str):
     return demo_model(name)
 
 
-def child(name: str, budget: float | None, out: Path) -> None:
+def child(name: str, budget: float | None) -> dict:
     """One model in this process: export by hand, optimize(), export by hand again."""
-    sys.path.insert(0, str(HERE))
     import tensorflow as tf  # noqa: F401
     import tf2onnx  # noqa: F401
-    from by_hand import onnx_bytes
 
     import infertune
     from infertune.demo import demo_model
 
     tiny, tiny_x = demo_model("mlp")
-    onnx_bytes(tiny, tiny_x)  # tf2onnx's first conversion in a process: one-time costs
+    harness.onnx_bytes(tiny, tiny_x)  # tf2onnx's first conversion in a process: one-time costs
     model, sample = build(name)
     model(sample)  # built and called once, as a user's model is before they tune it
 
     start, cpu = time.perf_counter(), _cpu_s()
-    onnx_bytes(model, sample)
+    harness.onnx_bytes(model, sample)
     export_before, export_cpu_before = time.perf_counter() - start, _cpu_s() - cpu
     start, cpu = time.perf_counter(), _cpu_s()
     opt = infertune.optimize(model, sample, time_budget_s=budget, verbose=True)
     optimize_s, optimize_cpu = time.perf_counter() - start, _cpu_s() - cpu
     start, cpu = time.perf_counter(), _cpu_s()
-    onnx_bytes(model, sample)
+    harness.onnx_bytes(model, sample)
     export_after, export_cpu_after = time.perf_counter() - start, _cpu_s() - cpu
     export_s = (export_before + export_after) / 2
     export_cpu = (export_cpu_before + export_cpu_after) / 2
     report = opt.report
-    result = {
+    return {
         "model": name,
         "time_budget_s": budget,
         "export_s": [export_before, export_after],
@@ -97,7 +97,6 @@ def child(name: str, budget: float | None, out: Path) -> None:
         "reasons": {c.name: c.reason for c in report.candidates if c.status == "skipped"},
         "summary": report.stage_summary() if hasattr(report, "stage_summary") else None,
     }
-    out.write_text(json.dumps(result, indent=2))
 
 
 def _cpu_s() -> float:
@@ -109,55 +108,85 @@ def _cpu_s() -> float:
     return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def table(results: list[dict]) -> dict:
+    head = [
+        "model", "optimize() s", "by-hand tf2onnx export s (before, after)", "ratio",
+        "CPU-time ratio", "load average", "selected",
+    ]  # fmt: skip
+    rows = [
+        [
+            r["model"],
+            f"{r['optimize_s']:.1f}",
+            ", ".join(f"{s:.1f}" for s in r["export_s"]),
+            f"{r['ratio']:.2f}x",
+            f"{r['cpu_ratio']:.2f}x",
+            f"{r['load_average']:.1f}",
+            r["selected"],
+        ]
+        for r in results
+        if "error" not in r
+    ]
+    rows += [[r["model"], "failed", r["error"][-300:]] for r in results if "error" in r]
+    return harness.table(head, rows)
+
+
+def details(results: list[dict]) -> list[str]:
+    """Each model's stage breakdown and the candidates skipped, with why."""
+    lines = []
+    for r in results:
+        if "error" in r:
+            continue
+        lines.append(f"- **{r['model']}**")
+        if r["summary"]:
+            lines += [f"  - {line}" for line in r["summary"].splitlines() if line.strip()]
+        for cand, why in r["reasons"].items():
+            lines.append(f"  - skipped {cand}: {why}")
+    return lines
+
+
+def main() -> int:
+    parser = harness.parser(__doc__, "--out", "--json", child=True)
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--budget", type=float, default=None, help="optimize(time_budget_s=)")
-    parser.add_argument("--json", help="write every result here as JSON")
     parser.add_argument("--log", help="a directory for each model's optimize() progress log")
-    parser.add_argument("--child", help=argparse.SUPPRESS)
-    parser.add_argument("--child-out", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        child(args.child, args.budget, Path(args.child_out))
-        return
+        harness.write_child_result(args.child_out, child(args.child, args.budget))
+        return 0
 
     results = []
     for name in args.models.split(","):
         with tempfile.TemporaryDirectory(prefix="tuning-time-") as tmp:
-            out = Path(tmp) / "result.json"
-            command = [sys.executable, __file__, "--child", name, "--child-out", str(out)]
-            if args.budget is not None:
-                command += ["--budget", str(args.budget)]
+            child_args = [] if args.budget is None else ["--budget", str(args.budget)]
             log = Path(args.log) / f"{name}.log" if args.log else Path(tmp) / "log"
-            if args.log:
-                log.parent.mkdir(parents=True, exist_ok=True)
-            with open(log, "w") as stream:
-                done = subprocess.run(command, stderr=stream, stdout=stream, check=False)
-            if done.returncode != 0:
-                tail = log.read_text()[-2000:]
-                print(f"{name}: the child failed (exit {done.returncode}):\n{tail}")
-                continue
-            result = json.loads(out.read_text())
+            log.parent.mkdir(parents=True, exist_ok=True)
+            result = harness.run_in_child(__file__, name, child_args, log_file=log)
         results.append(result)
+        if "error" in result:
+            print(f"{name}: {result['error']}", file=sys.stderr)
+            continue
         exports = ", ".join(f"{s:.1f}" for s in result["export_s"])
-        print(
+        harness.log(
+            "tuning-time",
             f"{name}: optimize() {result['optimize_s']:.1f} s, one by-hand tf2onnx export "
             f"{exports} s (before, after): ratio {result['ratio']:.2f}x (CPU time "
             f"{result['cpu_ratio']:.2f}x; load average {result['load_average']:.1f}); "
             f"selected {result['selected']}",
-            flush=True,
         )
-        if result["summary"]:
-            print("  " + result["summary"].replace("\n", "\n  "), flush=True)
-        skipped = result["reasons"]
-        if skipped:
-            print(f"  skipped: {len(skipped)}", flush=True)
-            for cand, why in skipped.items():
-                print(f"    {cand}: {why}", flush=True)
-    if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
+    data = harness.results(
+        BENCHMARK,
+        about=harness.about(__doc__),
+        notes="Ratio: optimize()'s wall time over the mean of the two by-hand exports made in "
+        "the same process before and after it; the CPU-time ratio the same in CPU seconds "
+        "(the process and its children, user + system).",
+        rows=results,
+        tables=[table(results)],
+        headline={f"{r['model']}: ratio": r["ratio"] for r in results if "error" not in r},
+        sections=[{"title": "Stages and skipped candidates", "lines": details(results)}],
+    )
+    harness.publish(data, args.out, args.json)
+    return 0  # a model whose child failed is said above and in the table
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

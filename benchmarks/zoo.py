@@ -12,10 +12,11 @@ its memory goes back to the OS afterwards):
 * `infertune.optimize(model, x)`, timed, and every candidate's fate from its report;
 * the callable's output error against `model(x)` (relative norm) at batch 1 (the sample),
   batch 4, and for the variable models at two other lengths or image sizes;
-* the runtimes written by hand with default settings (by_hand.py): tf.function,
+* the runtimes written by hand with default settings (harness.by_hand_builders): tf.function,
   tf.function with XLA, ONNX Runtime on a tf2onnx export, OpenVINO f32, LiteRT; a runtime
   that fails on the model is recorded with its reason, the run goes on;
-* those that ran, and infertune's callable, timed in one interleaved run (timing.py).
+* those that ran, and infertune's callable, timed in one interleaved run
+  (harness.against_by_hand).
 
 Targets (exit code 1 if one fails): no exact (fp32) candidate rejected as `mismatch`; the
 callable within rtol=1e-3 of `model(x)` at every checked batch size, length and size;
@@ -23,35 +24,26 @@ infertune within 5% of the fastest exact by-hand runtime on every model, and fas
 on most (checked from three models up).
 
     python benchmarks/zoo.py [--models resnet50,gru-varlen | --quick] [--out DIR]
+
+Results: docs/benchmarks/zoo/<date>/ (--out; with --quick a temporary folder).
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+import harness
 import numpy as np
-from timing import (
-    EXACT_RTOL,
-    ONNXRUNTIME_COOLDOWN_S,
-    RAW_RUNTIMES,
-    fate_lines,
-    machine_description,
-    relative_error,
-    run_in_child,
-    runtime_table,
-    write_results,
-)
+from harness import EXACT_RTOL, flat_outputs, reason
 
+BENCHMARK = "zoo"
 CHECK_BATCH = 4  # the other batch size the callable is checked at (the sample's is 1)
 TOO_SLOW = 1.05  # infertune may be at most 5% slower than the fastest exact by-hand runtime
 
@@ -261,49 +253,6 @@ MODELS: dict[str, ZooModel] = {
 
 
 # -- one model, in a child process -------------------------------------------------------------
-def describe_input(sample) -> str:
-    if isinstance(sample, dict):
-        return ", ".join(f"{k} {describe_input(v)}" for k, v in sorted(sample.items()))
-    return f"{'x'.join(map(str, sample.shape))} {sample.dtype}"
-
-
-def flat_outputs(outputs) -> list[np.ndarray]:
-    import tensorflow as tf
-
-    return [np.asarray(leaf) for leaf in tf.nest.flatten(outputs)]
-
-
-def reason(exc: BaseException, limit: int = 400) -> str:
-    """The exception on one line. OpenVINO opens its messages with the place that raised
-    ("Exception from src/...", "Check 'false' failed at ..."): the cause comes after."""
-    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    causes = [line for line in lines if not line.startswith(("Exception from src/", "Check '"))]
-    text = f"{type(exc).__name__}: " + " / ".join(causes or lines)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def by_hand_runners(model, sample) -> tuple[dict, dict, dict]:
-    """The by-hand runtimes that could be built: (runners, {label: failure}, {label: build s})."""
-    import by_hand
-
-    builders, _ = by_hand.float32_builders(model, sample)
-    runners, failed, build_s = {}, {}, {}
-    if any(np.asarray(a).dtype.kind in "OSU" for a in flat_outputs(sample)):
-        # XLA compiling a function of a string tensor aborts the process (TensorFlow's check
-        # DataTypeCanUseMemcpy), which no try can catch: not built.
-        del builders["tf.function+XLA"]
-        failed["tf.function+XLA"] = "XLA takes no string tensors (it aborts the process)"
-    for label, build in builders.items():
-        print(f"[zoo]   by hand: {label}", file=sys.stderr, flush=True)
-        start = time.perf_counter()
-        try:
-            runners[label] = build()
-        except Exception as exc:  # a runtime failing on this model is a result: say why
-            failed[label] = reason(exc)
-        build_s[label] = time.perf_counter() - start
-    return runners, failed, build_s
-
-
 def callable_errors(opt, model, spec: ZooModel, rng: np.random.Generator) -> dict[str, float | str]:
     """The callable's relative error against model(x) at batch 1, batch 4 and the other
     sizes; a call that raises is recorded as "failed: reason"."""
@@ -317,7 +266,7 @@ def callable_errors(opt, model, spec: ZooModel, rng: np.random.Generator) -> dic
     errors = {}
     for label, x in checks.items():
         try:
-            errors[label] = relative_error(flat_outputs(opt(x)), flat_outputs(model(x)))
+            errors[label] = harness.relative_error(flat_outputs(opt(x)), flat_outputs(model(x)))
         except Exception as exc:  # the callable refusing a size is a result too
             errors[label] = f"failed: {reason(exc)}"
     return errors
@@ -333,7 +282,7 @@ def run_model(name: str, budget_s: float) -> dict:
     model = spec.build()
     rng = np.random.default_rng(0)
     sample = spec.draw(rng, 1, spec.size)
-    print(f"[zoo] {name}: optimize()", file=sys.stderr, flush=True)
+    harness.log("zoo", f"{name}: optimize()")
     start = time.perf_counter()
     opt = infertune.optimize(model, sample, verbose=False)
     optimize_s = time.perf_counter() - start
@@ -350,14 +299,14 @@ def run_model(name: str, budget_s: float) -> dict:
         }
         for c in report.candidates
     ]
-    print(f"[zoo] {name}: checking opt(x) at other batch sizes and sizes", file=sys.stderr)
+    harness.log("zoo", f"{name}: checking opt(x) at other batch sizes and sizes")
     errors_opt = callable_errors(opt, model, spec, rng)
-    timed = timed_against_by_hand(name, "zoo", model, sample, flat_outputs(model(sample)),
-                                  opt, budget_s)  # fmt: skip
+    reference = flat_outputs(model(sample))
+    timed = harness.against_by_hand(name, "zoo", model, sample, reference, opt, budget_s)
     return {
         "model": name,
         "family": spec.family,
-        "input": describe_input(sample),
+        "input": harness.describe_input(sample),
         "optimize_s": optimize_s,
         "selected": opt.backend,
         "selection_reason": report.selection_reason,
@@ -374,53 +323,7 @@ def run_model(name: str, budget_s: float) -> dict:
     }
 
 
-def timed_against_by_hand(
-    name: str, tag: str, model, sample, reference: list, opt, budget_s: float
-) -> dict:
-    """The runtimes written by hand, each checked against `reference` on its first call, and
-    `opt(sample)` where there is one, timed in interleaved rounds: a result's raw_failed,
-    raw_rel_err, raw_build_s, p50_ms, stats, best_exact_raw and vs_best_exact_raw."""
-    from timing import measure_runners
-
-    print(f"[{tag}] {name}: runtimes by hand", file=sys.stderr, flush=True)
-    runners, failed, build_s = by_hand_runners(model, sample)
-    raw_err = {}
-    for label in list(runners):
-        try:
-            raw_err[label] = relative_error(runners[label](), reference)
-        except Exception as exc:
-            failed[label] = f"first call: {reason(exc)}"
-            del runners[label]
-    cooldown = {"onnxruntime": ONNXRUNTIME_COOLDOWN_S}
-    if opt is not None:
-        runners["infertune"] = lambda: opt(sample)
-        cooldown["infertune"] = max(b.cooldown_s for b in opt.backends)  # a fast path's too
-    print(f"[{tag}] {name}: measuring {len(runners)} runners", file=sys.stderr, flush=True)
-    measured = measure_runners(runners, budget_s=budget_s, cooldown_s=cooldown)
-    for label, why in measured.errors.items():
-        failed[label] = f"measurement: {why}"
-    p50 = {label: stats.p50 for label, stats in measured.stats.items()}
-    exact = {
-        label: p50[label]
-        for label in RAW_RUNTIMES
-        if label in p50 and raw_err.get(label, 1.0) <= EXACT_RTOL
-    }
-    best = min(exact, key=exact.get) if exact else None
-    ours = p50.get("infertune")
-    return {
-        "raw_failed": failed,
-        "raw_rel_err": raw_err,
-        "raw_build_s": build_s,
-        "p50_ms": p50,
-        "stats": {label: s.to_dict() for label, s in measured.stats.items()},
-        "best_exact_raw": best,
-        "vs_best_exact_raw": exact[best] / ours if best and ours else None,
-    }
-
-
 # -- report ------------------------------------------------------------------------------------
-
-
 def worst_callable_error(r: dict) -> str:
     values = list(r["callable_rel_err"].values())
     if any(isinstance(v, str) for v in values):
@@ -428,8 +331,8 @@ def worst_callable_error(r: dict) -> str:
     return f"{max(values):.0e}"
 
 
-def markdown(results: list[dict]) -> str:
-    return runtime_table(
+def markdown(results: list[dict]) -> dict:
+    return harness.runtime_table(
         results,
         ["opt(x) err", "exact candidates rejected"],
         lambda r: r["selected"],
@@ -437,48 +340,71 @@ def markdown(results: list[dict]) -> str:
     )
 
 
-def fates(results: list[dict]) -> str:
+def fates(results: list[dict]) -> list[str]:
     """Every candidate's fate, and why each by-hand runtime or candidate failed."""
     lines = []
     for r in results:
         if "error" in r:
             lines.append(f"- **{r['model']}**: {r['error']}")
             continue
-        lines += fate_lines(f"**{r['model']}** ({r['family']})", r["candidates"])
-        for label, reason in r["raw_failed"].items():
-            lines.append(f"  - by hand, {label} failed: {reason}")
+        lines += harness.fate_lines(f"**{r['model']}** ({r['family']})", r["candidates"])
+        for label, why in r["raw_failed"].items():
+            lines.append(f"  - by hand, {label} failed: {why}")
         errors = ", ".join(
             f"{label} {v if isinstance(v, str) else f'{v:.1e}'}"
             for label, v in r["callable_rel_err"].items()
         )
         lines.append(f"  - opt(x) relative error against model(x): {errors}")
-    return "\n".join(lines)
+    return lines
 
 
-def check_targets(results: list[dict]) -> list[str]:
-    checks: list[tuple[bool, str]] = []
+def check_targets(results: list[dict]) -> list[dict]:
+    target = harness.target
+    checks: list[dict] = []
     for r in results:
         name = r["model"]
         if "error" in r:
-            checks.append((False, f"{name}: {r['error']}"))
+            checks.append(target(f"{name}: runs", "no error", None, False, f"{name}: {r['error']}"))
             continue
         rejected = ", ".join(r["exact_mismatch"]) or "none"
         checks.append(
-            (not r["exact_mismatch"], f"{name}: exact candidates rejected as mismatch: {rejected}")
+            target(
+                f"{name}: exact candidates rejected as mismatch",
+                "none",
+                len(r["exact_mismatch"]),
+                not r["exact_mismatch"],
+                f"{name}: exact candidates rejected as mismatch: {rejected}",
+            )
         )
         errors = r["callable_rel_err"]
         numbers = [v for v in errors.values() if not isinstance(v, str)]
         ok = len(numbers) == len(errors) and max(numbers) <= EXACT_RTOL
         worst = worst_callable_error(r)
         checks.append(
-            (ok, f"{name}: opt(x) vs model(x) at {list(errors)}: worst {worst} (<= {EXACT_RTOL:g})")
+            target(
+                f"{name}: opt(x)'s largest relative error against model(x)",
+                f"<= {EXACT_RTOL:g}",
+                max(numbers) if len(numbers) == len(errors) else None,
+                ok,
+                f"{name}: opt(x) vs model(x) at {list(errors)}: worst {worst} (<= {EXACT_RTOL:g})",
+            )
         )
         ratio, best = r["vs_best_exact_raw"], r["best_exact_raw"]
+        title = f"{name}: speed against the fastest exact by-hand runtime"
+        wanted = f">= {1 / TOO_SLOW:.2f}x"
         if ratio is None:
-            checks.append((False, f"{name}: no exact by-hand runtime (or infertune) was timed"))
+            checks.append(
+                target(
+                    title, wanted, None, False,
+                    f"{name}: no exact by-hand runtime (or infertune) was timed",
+                )
+            )  # fmt: skip
         else:
             checks.append(
-                (
+                target(
+                    title,
+                    wanted,
+                    ratio,
                     ratio >= 1 / TOO_SLOW,
                     f"{name}: {ratio:.2f}x the fastest exact by-hand runtime {best} "
                     f"(>= {1 / TOO_SLOW:.2f}: within 5%)",
@@ -488,67 +414,70 @@ def check_targets(results: list[dict]) -> list[str]:
     if len(ratios) >= 3:
         faster = [name for name, ratio in ratios.items() if ratio is not None and ratio > 1.0]
         checks.append(
-            (
+            target(
+                "models faster than the fastest exact by-hand runtime",
+                f"> {len(ratios) // 2} of {len(ratios)}",
+                len(faster),
                 2 * len(faster) > len(ratios),
                 f"faster than the fastest exact by-hand runtime on {len(faster)} of "
                 f"{len(ratios)} models {faster} (most)",
             )
         )
-    return [f"{'PASS' if ok else 'FAIL'} {text}" for ok, text in checks]
+    return checks
+
+
+NOTES = (
+    "Median ms per call (p50) at batch 1; the by-hand runtimes and infertune's callable "
+    "timed in one interleaved run per model. `(err E)`: not exact (relative error above "
+    f"{EXACT_RTOL:g}); `opt(x) err`: the callable's largest relative error against model(x) "
+    "at batch 1, batch 4 and the other lengths or sizes."
+)
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", help=f"comma-separated names; default all: {list(MODELS)}")
-    parser.add_argument(
+    quick = [n for n, m in MODELS.items() if m.quick]
+    parser = harness.parser(
+        __doc__,
+        "--out",
         "--quick",
-        action="store_true",
-        help=f"the small and variable-shape models: {[n for n, m in MODELS.items() if m.quick]}",
+        "--json",
+        child=True,
+        helps={"--quick": f"the small and variable-shape models: {quick}"},
     )
-    parser.add_argument("--out", type=Path, default=Path("docs/benchmarks/zoo"))
+    parser.add_argument("--models", help=f"comma-separated names; default all: {list(MODELS)}")
     parser.add_argument("--budget", type=float, default=10.0, help="measurement s per model")
     parser.add_argument(
         "--model-timeout", type=float, default=1200.0, help="s one model may take in all"
     )
-    parser.add_argument("--child", help=argparse.SUPPRESS)
-    parser.add_argument("--child-out", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        result = run_model(args.child, args.budget)
-        args.child_out.write_text(json.dumps(result, default=str), encoding="utf-8")
+        harness.write_child_result(args.child_out, run_model(args.child, args.budget))
         return 0
     if args.models and args.quick:
         parser.error("give --models or --quick, not both")
-    names = [n for n in args.models.split(",") if n] if args.models else list(MODELS)
-    if args.quick:
-        names = [n for n, m in MODELS.items() if m.quick]
-    unknown = [n for n in names if n not in MODELS]
-    if unknown:
-        parser.error(f"unknown models {unknown}; known: {list(MODELS)}")
+    names = quick if args.quick else harness.names_from(args.models, MODELS, parser)
     results = []
     for name in names:
-        print(f"[zoo] {name} ({len(results) + 1} of {len(names)})", file=sys.stderr, flush=True)
+        harness.log("zoo", f"{name} ({len(results) + 1} of {len(names)})")
         budget = ["--budget", str(args.budget)]
-        results.append(run_in_child(__file__, name, budget, args.model_timeout))
-    from infertune.system.environment import collect_environment
-
-    env = collect_environment()
+        results.append(harness.run_in_child(__file__, name, budget, args.model_timeout))
     targets = check_targets(results)
-    text = "\n\n".join(
-        [
-            "Median ms per call (p50) at batch 1; the by-hand runtimes and infertune's callable "
-            "timed in one interleaved run per model. `(err E)`: not exact (relative error "
-            f"above {EXACT_RTOL:g}); `opt(x) err`: the callable's largest relative error "
-            "against model(x) at batch 1, batch 4 and the other lengths or sizes.",
-            f"Machine: {machine_description(env)}",
-            markdown(results),
-            "Every candidate's fate:\n\n" + fates(results),
-            "\n".join(targets),
-        ]
+    data = harness.results(
+        BENCHMARK,
+        about=harness.about(__doc__),
+        notes=NOTES,
+        rows=results,
+        tables=[markdown(results)],
+        targets=targets,
+        headline={
+            f"{r['model']}: vs fastest exact by hand": r["vs_best_exact_raw"]
+            for r in results
+            if r.get("vs_best_exact_raw") is not None
+        },
+        sections=[{"title": "Every candidate's fate", "lines": fates(results)}],
     )
-    print(text)
-    write_results(args.out, text, env, results, targets)
-    return 0 if all(t.startswith("PASS") for t in targets) else 1
+    harness.publish(data, args.out, args.json, args.quick)
+    return harness.exit_code(targets)
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ ResNet50 224 (random weights: the arithmetic is what counts), NNCF on 128 sample
 predictions on 435 in batches of 32, each setting in a child process of its own, the settings
 interleaved over the rounds:
 
-    python benchmarks/predictions_beside.py --rounds 3
+    python -m benchmarks.studies.predictions_beside --rounds 3   # from the repository's root
 
 Settings: `spin` (ONNX Runtime's default session), `nospin` (allow_spinning=0: what
 infertune picks where such a candidate is verified), `one` (one thread, no spinning), `apart`
@@ -22,13 +22,12 @@ the predictions in optimize() should help make them).
 from __future__ import annotations
 
 import argparse
-import json
-import subprocess
-import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
+
+from benchmarks import harness
 
 SETTINGS = ("spin", "nospin", "one", "apart", "openvino", "shared")
 GATE, CALIBRATION, BATCH = 435, 128, 32
@@ -133,10 +132,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--settings", default=",".join(SETTINGS))
-    parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
+    parser.add_argument("--onnx", type=Path, help=argparse.SUPPRESS)  # the child's model
+    parser.add_argument("--child", choices=SETTINGS, help=argparse.SUPPRESS)
+    parser.add_argument("--child-out", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(pair(Path(args.child[0]), args.child[1])))
+        harness.write_child_result(args.child_out, pair(args.onnx, args.child))
         return
     settings = args.settings.split(",")
     with tempfile.TemporaryDirectory() as directory:
@@ -145,11 +146,10 @@ def main() -> None:
         rows: dict[str, list[dict]] = {s: [] for s in settings}
         for round_ in range(args.rounds):
             for setting in settings:
-                out = subprocess.run(
-                    [sys.executable, __file__, "--child", str(path), setting],
-                    capture_output=True, text=True, check=True,
-                )  # fmt: skip
-                row = json.loads(out.stdout.strip().splitlines()[-1])
+                log = Path(directory) / "child.log"  # NNCF's progress, kept out of the way
+                row = harness.run_in_child(__file__, setting, ["--onnx", str(path)], log_file=log)
+                if "error" in row:
+                    raise SystemExit(f"{setting}: {row['error']}")
                 rows[setting].append(row)
                 print(
                     f"round {round_ + 1} {setting:>6}: the pair {row['block_s']:.1f} s "

@@ -5,7 +5,9 @@ candidate is worth, and why it is not tried on a graph without parallel branches
 Each model's ONNX export is run by two sessions that differ only in execution_mode, timed in
 one interleaved run (infertune's measurement engine), median ms per call.
 
-    python benchmarks/ort_parallel.py [--budget 5]
+From the repository's root:
+
+    python -m benchmarks.studies.ort_parallel [--budget 5]
 """
 
 from __future__ import annotations
@@ -15,15 +17,13 @@ import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import by_hand
 import keras
 import numpy as np
 import onnxruntime
-from timing import ONNXRUNTIME_COOLDOWN_S, machine_description, measure_runners
 
+from benchmarks import harness
 from infertune.demo import demo_model
 from infertune.export.onnx import parallel_width
-from infertune.system.environment import collect_environment
 
 
 def branches(seed: int = 0):
@@ -44,18 +44,18 @@ def models():
 def session(model_bytes: bytes, sample, mode: str):
     options = onnxruntime.SessionOptions()
     options.execution_mode = getattr(onnxruntime.ExecutionMode, mode)
-    return by_hand.onnxruntime_session(model_bytes, sample, options)
+    return harness.onnxruntime_session(model_bytes, sample, options)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--budget", type=float, default=5.0, help="measurement s per model")
     args = parser.parse_args()
-    print(machine_description(collect_environment()))
+    print(harness.machine_description())
     print("| model | parallel width | sequential ms | parallel ms | parallel / sequential |")
     print("|---|---|---|---|---|")
     for label, model, sample in models():
-        model_bytes = by_hand.onnx_bytes(model, sample)
+        model_bytes = harness.onnx_bytes(model, sample)
         import onnx
 
         width = parallel_width(onnx.load_from_string(model_bytes).graph)
@@ -63,8 +63,8 @@ def main() -> None:
             "sequential": session(model_bytes, sample, "ORT_SEQUENTIAL"),
             "parallel": session(model_bytes, sample, "ORT_PARALLEL"),
         }
-        cooldown = dict.fromkeys(runners, ONNXRUNTIME_COOLDOWN_S)
-        stats = measure_runners(runners, budget_s=args.budget, cooldown_s=cooldown).stats
+        cooldown = dict.fromkeys(runners, harness.onnxruntime_cooldown_s())
+        stats = harness.measure_runners(runners, budget_s=args.budget, cooldown_s=cooldown).stats
         seq, par = stats["sequential"].p50, stats["parallel"].p50
         print(f"| {label} | {width} | {seq:.4f} | {par:.4f} | {par / seq:.2f}x |")
 

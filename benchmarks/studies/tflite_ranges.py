@@ -10,35 +10,23 @@ times the two on the same float32 conversion, interleaved over the rounds, then 
 and reports the int8 model's accuracy and its relative error against the float32 model on the
 gate and test splits:
 
-    python benchmarks/tflite_ranges.py --models digits-cnn,tokens-transformer,resnet50-224
+From the repository's root:
+
+    python -m benchmarks.studies.tflite_ranges --models digits-cnn,tokens-transformer,resnet50-224
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).parent))
-
-import precision  # noqa: E402  (the benchmark's models, data and cache)
+from benchmarks import bench_models
+from benchmarks.bench_models import target_of
 
 WAYS = ("calibrator", "range pass")
-
-
-def target_of(model, sample):
-    """The Target optimize(model, sample) builds: what every conversion starts from."""
-    from infertune.model.inputs import build_signature
-    from infertune.model.source import load_model
-    from infertune.model.target import Target
-
-    source = load_model(model)
-    signature, flat = build_signature(sample, source.declared_inputs, source.default_float)
-    reference, structure = source.call_flat(signature, flat)
-    return Target(source, signature, structure, [r.dtype for r in reference])
 
 
 def ranged(flatbuffer: bytes, samples, way: str) -> tuple[bytes, float]:
@@ -74,7 +62,7 @@ def one_model(name: str, rounds: int, cache: Path) -> None:
     from infertune.backends.litert import convert as tflite
     from infertune.precision.data import calibration_batches
 
-    model, data = precision.cached_model(name, cache)
+    model, data = bench_models.cached_model(name, cache)
     sample = data.x("test")[:1]
     model(sample)
     target = target_of(model, sample)
@@ -113,7 +101,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", default="digits-cnn,shapes-mobilenetv2,tokens-transformer")
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--cache", type=Path, default=precision.DEFAULT_CACHE)
+    parser.add_argument("--cache", type=Path, default=bench_models.DEFAULT_CACHE)
     args = parser.parse_args()
     for name in args.models.split(","):
         one_model(name, args.rounds, args.cache.expanduser())

@@ -1,10 +1,13 @@
 """What the call path costs on a model of many dict inputs: opt(x) against its own runtime.
 
-python benchmarks/dict_calls.py [--model recommender|two-tower] [--ids int64|int32]
-                                [--budget 15] [--quick]
+From the repository's root:
 
-`recommender`: the recommender of benchmarks/production.py (four dict inputs: three int64
-id tensors and thirteen float32 features; two named heads; without its multi-hot part),
+    python -m benchmarks.studies.dict_calls [--model recommender|two-tower] [--ids int64|int32]
+                                            [--budget 15] [--quick]
+
+`recommender`: the production benchmark's recommender (bench_models.py; four dict inputs:
+three int64 id tensors and thirteen float32 features; two named heads; without its
+multi-hot part),
 tuned on ONNX Runtime's CPU candidates only. `two-tower`: its two-tower model (four dict
 inputs, int64 ids and history, float32 item features; one output), tuned on LiteRT's
 candidates only. In one process, timed in interleaved rounds by infertune's engine:
@@ -14,7 +17,7 @@ candidates only. In one process, timed in interleaved rounds by infertune's engi
   another dtype);
 * "chosen run": the chosen backend's `run` on the flat arrays, already checked (what
   infertune's own measurement times);
-* "by hand": the runtime's defaults by hand (by_hand.py) on the caller's own arrays: ONNX
+* "by hand": the runtime's defaults by hand (harness.py) on the caller's own arrays: ONNX
   Runtime's session on a tf2onnx export, or a LiteRT interpreter;
 * "opt(x)": infertune's callable on the caller's dict.
 
@@ -30,11 +33,10 @@ import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import by_hand
 import numpy as np
-import production
 
 import infertune
+from benchmarks import bench_models, harness
 from infertune.pipeline.timing import (
     measure_interleaved,
     warm_up,
@@ -50,19 +52,19 @@ def main() -> None:
     args = parser.parse_args()
     import keras
 
-    sizes = production.QUICK if args.quick else production.FULL
+    sizes = bench_models.QUICK if args.quick else bench_models.FULL
     budget = 2.0 if args.quick else args.budget
     keras.utils.set_random_seed(0)
     rng = np.random.default_rng(0)
     if args.model == "two-tower":
-        model = production.two_tower(sizes)
-        sample = production.two_tower_inputs(rng, 1, sizes)
+        model = bench_models.two_tower(sizes)
+        sample = bench_models.two_tower_inputs(rng, 1, sizes)
         prefix = "litert"
     else:
-        model = production.recommender(sizes, multi_hot=False)
+        model = bench_models.recommender(sizes, multi_hot=False)
         if args.ids == "int32":  # the same layers on int32 inputs
             model = _with_int32_ids(model)
-        sample = production.recommender_inputs(rng, 1, sizes)
+        sample = bench_models.recommender_inputs(rng, 1, sizes)
         prefix = "onnxruntime-cpu"
     backends = [n for n in infertune.available_backends() if n.startswith(prefix)]
     backends = [n for n in backends if "int8" not in n]
@@ -71,12 +73,12 @@ def main() -> None:
     flat = opt.input_signature.flatten(sample)
     runners = {"chosen run": lambda: chosen.run(flat)}
     if args.model == "two-tower":
-        raw = by_hand.litert_interpreter(model, sample)
+        raw = harness.litert_interpreter(model, sample)
     else:
         session = chosen._session
         feed = dict(zip(chosen._input_names, flat))
         runners["chosen session"] = lambda: session.run(None, feed)
-        raw = by_hand.onnxruntime_session(by_hand.onnx_bytes(model, sample), sample)
+        raw = harness.onnxruntime_session(harness.onnx_bytes(model, sample), sample)
     runners.update({"by hand": raw, "opt(x)": lambda: opt(sample)})
     reference = raw()
     reference = reference if isinstance(reference, list) else [reference]

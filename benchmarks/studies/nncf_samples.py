@@ -9,32 +9,23 @@ ONNX export with each count, every sample given used (backends/openvino/quantize
 reports the seconds and the int8 model's accuracy on the gate and test splits (OpenVINO with
 f32 inference precision, as the candidates compile it; batches of 32):
 
-    python benchmarks/nncf_samples.py --models resnet50-224,bert-encoder --samples 32,128
+From the repository's root:
+
+    python -m benchmarks.studies.nncf_samples --models resnet50-224,bert-encoder --samples 32,128
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from pathlib import Path
 
-import numpy as np
-
-sys.path.insert(0, str(Path(__file__).parent))
-
-import precision  # noqa: E402  (the benchmark's models, data and cache)
-from tflite_ranges import target_of  # noqa: E402
-
-
-def outputs(compiled, data, split: str) -> np.ndarray:
-    """A compiled OpenVINO model's first output on a whole split, in batches of CHUNK."""
-    xs, chunk = data.x(split), precision.CHUNK
-    return np.concatenate([compiled(xs[i : i + chunk])[0] for i in range(0, len(xs), chunk)])
+from benchmarks import bench_models
+from benchmarks.bench_models import openvino_outputs, target_of
 
 
 def accuracy(compiled, data, split: str) -> float:
-    return precision.accuracy_of(outputs(compiled, data, split), data.y(split))
+    return bench_models.accuracy_of(openvino_outputs(compiled, data, split), data.y(split))
 
 
 def one_model(name: str, counts: list[int], rounds: int, cache: Path) -> None:
@@ -44,7 +35,7 @@ def one_model(name: str, counts: list[int], rounds: int, cache: Path) -> None:
     from infertune.backends.openvino import quantize as openvino_int8
     from infertune.export.onnx import convert_to_onnx
 
-    model, data = precision.cached_model(name, cache)
+    model, data = bench_models.cached_model(name, cache)
     calibration = data.x("calibration")
     exported = convert_to_onnx(target_of(model, calibration[:1]))
     core = openvino.Core()
@@ -76,7 +67,7 @@ def main() -> None:
     parser.add_argument("--models", default="digits-cnn,shapes-mobilenetv2,resnet50-224")
     parser.add_argument("--samples", default="32,128")
     parser.add_argument("--rounds", type=int, default=1)
-    parser.add_argument("--cache", type=Path, default=precision.DEFAULT_CACHE.expanduser())
+    parser.add_argument("--cache", type=Path, default=bench_models.DEFAULT_CACHE.expanduser())
     args = parser.parse_args()
     counts = [int(c) for c in args.samples.split(",")]
     for name in args.models.split(","):

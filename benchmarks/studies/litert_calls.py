@@ -1,11 +1,13 @@
 """What LiteRT's call path costs: public interpreter methods, native calls, infertune's callable.
 
-python benchmarks/litert_calls.py [--model small-cnn] [--budget 15]
+From the repository's root:
+
+    python -m benchmarks.studies.litert_calls [--model small-cnn] [--budget 15]
 
 One process, one TFLite conversion at the sample's shape, one thread, timed in interleaved
 rounds by infertune's engine:
 
-* "public": set_tensor / invoke / get_tensor, as written by hand (benchmarks/by_hand.py);
+* "public": set_tensor / invoke / get_tensor, as written by hand (benchmarks/harness.py);
 * "native": the same calls on another interpreter of the same model, made on its pybind
   wrapper, as infertune's LiteRT backend makes them (no Python frames, no refcount check);
 * "opt(x)": infertune's callable for `litert:threads=1` (its input check, then its runner).
@@ -21,15 +23,12 @@ import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import by_hand
 import numpy as np
 
 import infertune
+from benchmarks import harness
 from infertune.demo import demo_model
-from infertune.pipeline.timing import (
-    measure_interleaved,
-    warm_up,
-)
+from infertune.pipeline.timing import measure_interleaved, warm_up
 
 
 def main() -> None:
@@ -40,8 +39,8 @@ def main() -> None:
     from ai_edge_litert.interpreter import Interpreter
 
     model, sample = demo_model(args.model)
-    flatbuffer = by_hand.tflite_bytes(model, sample)  # one conversion for both interpreters
-    public = by_hand.litert_interpreter(model, sample, flatbuffer)
+    flatbuffer = harness.tflite_bytes(model, sample)  # one conversion for both interpreters
+    public = harness.litert_interpreter(model, sample, flatbuffer)
     opt = infertune.optimize(model, sample, backends=["litert:threads=1"], verbose=False)
     interpreter = Interpreter(model_content=flatbuffer, num_threads=1)
     interpreter.allocate_tensors()

@@ -1,7 +1,7 @@
 """Three cases where infertune once chose a slower runtime than one written by hand.
 
-Found in 2026-11 with independently written raw runtimes (issue "Right answers on real
-architectures", point 5):
+Found in November 2026 by checking infertune against raw runtimes written independently of
+it (docs/benchmarks.md, "Regrets"):
 
 * gru-varlen: a GRU over a variable sequence length (batch 2, length 25, 16 features, GRU 32)
   chose tf-xla at 615 us while ONNX Runtime by hand ran 528 us (1.17x);
@@ -16,7 +16,9 @@ where the model converts) timed in one interleaved measurement; repeated `--repe
 (a new optimize() each time) to see whether the choice and the ratio hold. Target: the
 callable within 5% of the fastest raw runtime in every repeat.
 
-    python benchmarks/regrets.py [--cases gru-varlen,cnn-free-hw,py-function] [--repeats 3]
+From the repository's root:
+
+    python -m benchmarks.studies.regrets [--cases gru-varlen,cnn-free-hw,py-function] [--repeats 3]
 """
 
 from __future__ import annotations
@@ -27,11 +29,10 @@ import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import by_hand
 import numpy as np
-from timing import ONNXRUNTIME_COOLDOWN_S, measure_runners
 
 import infertune
+from benchmarks import harness
 
 TARGET = 0.95
 
@@ -80,20 +81,20 @@ CASES = ("gru-varlen", "cnn-free-hw", "py-function")
 def run(name: str, budget_s: float) -> dict:
     model, x = _case(name)
     opt = infertune.optimize(model, x, verbose=False)
-    runners = {"infertune": lambda: opt(x), "tf.function": by_hand.tf_function(model, x)}
+    runners = {"infertune": lambda: opt(x), "tf.function": harness.tf_function(model, x)}
     try:
-        runners["onnxruntime"] = by_hand.onnxruntime_session(by_hand.onnx_bytes(model, x), x)
+        runners["onnxruntime"] = harness.onnxruntime_session(harness.onnx_bytes(model, x), x)
     except Exception as exc:  # the py_function model does not convert: said in the output
         print(f"  {name}: onnxruntime by hand: {type(exc).__name__}", file=sys.stderr)
     try:  # converted at the sample's shapes, as infertune's exact-shape LiteRT is
-        runners["litert"] = by_hand.litert_interpreter(model, x)
+        runners["litert"] = harness.litert_interpreter(model, x)
     except Exception as exc:
         print(f"  {name}: litert by hand: {type(exc).__name__}", file=sys.stderr)
     cooldown = {
-        "onnxruntime": ONNXRUNTIME_COOLDOWN_S,
+        "onnxruntime": harness.onnxruntime_cooldown_s(),
         "infertune": max(b.cooldown_s for b in opt.backends),
     }
-    measured = measure_runners(runners, budget_s=budget_s, cooldown_s=cooldown)
+    measured = harness.measure_runners(runners, budget_s=budget_s, cooldown_s=cooldown)
     p50 = {label: s.p50 * 1e3 for label, s in measured.stats.items()}  # us
     raw = {label: v for label, v in p50.items() if label != "infertune"}
     best = min(raw, key=raw.get)

@@ -11,22 +11,21 @@ from its cache (run benchmarks/precision.py once first); `resnet50-224-random` a
 `mobilenetv2-224-random` are Keras' applications with random weights (speed only: the
 arithmetic is what counts), with their arithmetic per call as infertune counts it:
 
-    python benchmarks/litert_dynamic_range.py --rounds 5
+From the repository's root:
+
+    python -m benchmarks.studies.litert_dynamic_range --rounds 5
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).parent))
-
-import precision  # noqa: E402  (the benchmark's models, data and cache)
-from tflite_ranges import target_of  # noqa: E402
+from benchmarks import bench_models, harness
+from benchmarks.bench_models import target_of
 
 WAYS = ("float32", "dynamic-range int8", "full int8")
 MODELS = (
@@ -53,7 +52,7 @@ def model_and_inputs(name: str, cache: Path):
         model = make(weights=None, input_shape=(224, 224, 3))
         rng = np.random.default_rng(0)
         return model, rng.random((32, 224, 224, 3), dtype=np.float32)
-    model, data = precision.cached_model(name, cache)
+    model, data = bench_models.cached_model(name, cache)
     return model, data.x("calibration")[:32]
 
 
@@ -111,9 +110,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--cache", type=Path, default=precision.DEFAULT_CACHE.expanduser())
+    parser.add_argument("--cache", type=Path, default=bench_models.DEFAULT_CACHE.expanduser())
     args = parser.parse_args()
-    precision.warm_up()
+    harness.warm_up_optimize(("fp32", "bf16", "int8"), bench_models.MAX_DROP)
     print(f"LiteRT {WAYS}, p50 ms at batch 1, XNNPACK on 2 threads, {args.rounds} rounds")
     print("| model | arithmetic | float32 | dynamic-range int8 | full int8 | dynamic / full |")
     print("|---|---|---|---|---|---|")

@@ -1,6 +1,8 @@
 """Calibration data given as one array against the same data in batches of 32: memory and time.
 
-python benchmarks/calibration_memory.py [--samples 256] [--side 224] [--json FILE]
+From the repository's root:
+
+    python -m benchmarks.studies.calibration_memory [--samples 256] [--side 224] [--json FILE]
 
 Two fresh processes tune MobileNetV2 (keras.applications, random weights) at batch 1 with
 `precision=("fp32", "int8")`, no `accuracy=` (so the agreement rule runs the model and the
@@ -16,10 +18,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
-import sys
+import tempfile
+from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+from benchmarks import harness
 
 FORMS = ("one array", "batches of 32")
 
@@ -63,16 +67,18 @@ def main() -> None:
     parser.add_argument("--side", type=int, default=224)
     parser.add_argument("--json", help="write the result here as JSON")
     parser.add_argument("--child", choices=FORMS, help=argparse.SUPPRESS)
+    parser.add_argument("--child-out", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(child(args.child, args.samples, args.side)))
+        harness.write_child_result(args.child_out, child(args.child, args.samples, args.side))
         return
     rows = []
     for form in FORMS:
-        command = [sys.executable, __file__, "--child", form]
-        command += ["--samples", str(args.samples), "--side", str(args.side)]
-        done = subprocess.run(command, capture_output=True, text=True, check=True)
-        rows.append(json.loads(done.stdout.strip().splitlines()[-1]))
+        sizes = ["--samples", str(args.samples), "--side", str(args.side)]
+        with tempfile.TemporaryDirectory() as tmp:  # the child's output, its tail on failure
+            rows.append(harness.run_in_child(__file__, form, sizes, log_file=Path(tmp) / "log"))
+        if "error" in rows[-1]:
+            raise SystemExit(f"{form}: {rows[-1]['error']}")
         print(rows[-1], flush=True)
     ratio = rows[0]["max_rss_gb"] / rows[1]["max_rss_gb"]
     print(f"peak resident memory, one array / batches of 32: {ratio:.2f}x")

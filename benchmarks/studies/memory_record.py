@@ -1,8 +1,11 @@
 """Memory estimates across sizes: a machine record learned on small and mid-sized models must
 not shut a large model's candidates out.
 
-python benchmarks/memory_record.py [--models resnet50,resnet101,xception] [--side 96]
-                                    [--large recommender] [--quick] [--json FILE]
+From the repository's root:
+
+    python -m benchmarks.studies.memory_record [--models resnet50,resnet101,xception]
+                                               [--side 96] [--large recommender] [--quick]
+                                               [--json FILE]
 
 1. A fresh machine record (INFERTUNE_MACHINE_FILE in a temporary directory) is built by
    tuning keras.applications models of 64-256 MB of weights (random weights, small images,
@@ -12,8 +15,9 @@ python benchmarks/memory_record.py [--models resnet50,resnet101,xception] [--sid
    2.46 GB embedding model: the rule before 2026-11-26 (one factor, the mean of the learned
    copies of the weights) and today's (pipeline/memory.py: per-byte copies only from models
    of 256 MB or more, a fixed cost from the smaller ones).
-3. benchmarks/large.py's large model tuned with that record (its child, --no-by-hand): the
-   statuses of its ONNX Runtime and OpenVINO candidates, and their peaks.
+3. benchmarks/large.py's large model tuned with that record (`large.py --no-by-hand`, its
+   result folder a temporary one): the statuses of its ONNX Runtime and OpenVINO
+   candidates, and their peaks.
 
 `--quick` builds the record from two small models and tunes large.py's quick model: a smoke
 test of the script, not a measurement.
@@ -29,12 +33,19 @@ import sys
 import tempfile
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
+from benchmarks import harness
+
 MODELS = ("resnet50", "resnet101", "xception")
-_APPLICATIONS = {"resnet50": "ResNet50", "resnet101": "ResNet101", "xception": "Xception"}
+_APPLICATIONS = {  # --models' names, and --quick's two (a child process reads them here)
+    "resnet50": "ResNet50",
+    "resnet101": "ResNet101",
+    "xception": "Xception",
+    "mobilenetv2": "MobileNetV2",
+    "densenet121": "DenseNet121",
+}
 
 
-def tune_one(name: str, side: int) -> None:
+def tune_one(name: str, side: int) -> dict:
     """In a child: optimize() one keras.applications model with ONNX Runtime only."""
     import keras
     import numpy as np
@@ -46,7 +57,7 @@ def tune_one(name: str, side: int) -> None:
     sample = np.random.default_rng(0).random((1, side, side, 3), dtype=np.float32)
     opt = infertune.optimize(model, sample, backends=["onnxruntime-cpu"], verbose=False)
     memory = opt.report.memory or {}
-    print(json.dumps({"model": name, "weights_bytes": memory.get("weights_bytes")}))
+    return {"model": name, "weights_bytes": memory.get("weights_bytes")}
 
 
 def estimates(record: Path, weights: int) -> dict:
@@ -81,26 +92,24 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--child-out", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        tune_one(args.child, args.side)
+        harness.write_child_result(args.child_out, tune_one(args.child, args.side))
         return
     models = ["mobilenetv2", "densenet121"] if args.quick else args.models.split(",")
-    if args.quick:
-        _APPLICATIONS.update(mobilenetv2="MobileNetV2", densenet121="DenseNet121")
     with tempfile.TemporaryDirectory(prefix="infertune-memory-record-") as tmp:
         record = Path(tmp) / "machine.json"
         env = {**os.environ, "INFERTUNE_MACHINE_FILE": str(record), "TF_CPP_MIN_LOG_LEVEL": "2"}
         tuned = []
         for name in models:
-            done = subprocess.run(
-                [sys.executable, __file__, "--child", name, "--side", str(args.side)],
-                env=env, capture_output=True, text=True,
-            )  # fmt: skip
-            if done.returncode != 0:
-                print(f"{name}: failed: {done.stderr[-500:]}", file=sys.stderr)
+            log = Path(tmp) / f"{name}.log"
+            done = harness.run_in_child(__file__, name, ["--side", str(args.side)], env=env,
+                                        log_file=log)  # fmt: skip
+            if "error" in done:
+                print(f"{name}: failed: {done['error'][-500:]}", file=sys.stderr)
                 continue
-            tuned.append(json.loads(done.stdout.strip().splitlines()[-1]))
+            tuned.append(done)
             print(f"tuned {name}: {tuned[-1]['weights_bytes'] / 1e6:.0f} MB of weights")
         large_weights = 600_000 * 1024 * 4 if not args.quick else 60_000 * 64 * 4
         found = estimates(record, large_weights)
@@ -111,19 +120,19 @@ def main() -> None:
             f"{'-' if old is None else f'{old:.1f}'} GB by one learned factor, "
             f"{found['new_rule_gb']:.1f} GB by fixed + per-byte ({found['new_rule']})"
         )
-        out = Path(tmp) / "large.json"
+        out = Path(tmp) / "large"
         command = [
-            sys.executable, str(HERE / "large.py"), "--models", args.large, "--no-by-hand",
-            "--json", str(out), *(["--quick"] if args.quick else []),
+            sys.executable, str(harness.BENCHMARKS / "large.py"), "--models", args.large,
+            "--no-by-hand", "--out", str(out), *(["--quick"] if args.quick else []),
         ]  # fmt: skip
         subprocess.run(command, env=env, check=True)
-        large = json.loads(out.read_text())
+        large = json.loads((out / "results.json").read_text())["rows"]
         found["large"] = large
         statuses = {}
         for result in large:
             for c in result.get("candidates", []):
                 if c["name"] in ("onnxruntime-cpu", "openvino-cpu"):
-                    statuses[c["name"]] = (c["status"], c.get("reason", "")[:200])
+                    statuses[c["name"]] = (c["status"], (c.get("reason") or "")[:200])
         for name, (status, reason) in statuses.items():
             print(f"{args.large}: {name}: {status} {reason}")
         found["statuses"] = statuses

@@ -1,6 +1,8 @@
 """What isolation costs: optimize() time with isolation="process", "thread" and "off".
 
-python benchmarks/isolation.py [--model small-cnn] [--repeats 3] [--json FILE]
+From the repository's root:
+
+    python -m benchmarks.studies.isolation [--model small-cnn] [--repeats 3] [--json FILE]
 
 One process, the model built once; the modes alternate (off, thread, process, off, ...) so
 that drift of a shared machine hits them alike. Reports the median optimize() time of each mode

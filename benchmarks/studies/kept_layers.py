@@ -14,39 +14,28 @@ calibrated on the benchmark's 128 calibration samples) throughout and with the f
 (infertune.pipeline.timing.measure_interleaved; `--rounds` repetitions). Reported: each variant's
 p50 and its ratio to the same candidate throughout.
 
-    python benchmarks/kept_layers.py --models resnet50-224,bert-encoder --kept 2 --rounds 2
+From the repository's root:
+
+    python -m benchmarks.studies.kept_layers --models resnet50-224,bert-encoder --kept 2 --rounds 2
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
-
-import precision  # noqa: E402  (the benchmark's models, data and cache)
-from tflite_ranges import target_of  # noqa: E402
+from benchmarks import bench_models
+from benchmarks.bench_models import ranked_layers, target_of
 
 CANDIDATES = ("openvino-cpu-int8", "litert-int8", "onnxruntime-cpu-int8-static")
-
-
-def ranked_layers(target) -> list[str]:
-    """The layers (name scopes) in the order infertune's search keeps them in float32
-    (pipeline/precision.py `ranking_inputs`, backends/onnxruntime/quantize.py `layer_errors`)."""
-    from infertune.backends.onnxruntime.quantize import layer_errors
-    from infertune.pipeline.precision import ranking_inputs
-
-    errors = layer_errors(*ranking_inputs(target))
-    return sorted(errors, key=lambda scope: -errors[scope])
 
 
 def one_model(name: str, kept: int, rounds: int, budget: float, cache: Path) -> None:
     from infertune.backends.registry import BACKENDS
     from infertune.pipeline.timing import measure_interleaved
 
-    model, data = precision.cached_model(name, cache)
+    model, data = bench_models.cached_model(name, cache)
     calibration = data.x("calibration")
     sample = [calibration[:1]]
     target = target_of(model, calibration[:1])
@@ -98,7 +87,7 @@ def main() -> None:
     parser.add_argument("--kept", type=int, default=2, help="layers kept, at most")
     parser.add_argument("--rounds", type=int, default=2, help="interleaved timings")
     parser.add_argument("--budget", type=float, default=10.0, help="s per timing")
-    parser.add_argument("--cache", type=Path, default=precision.DEFAULT_CACHE.expanduser())
+    parser.add_argument("--cache", type=Path, default=bench_models.DEFAULT_CACHE.expanduser())
     args = parser.parse_args()
     for name in args.models.split(","):
         one_model(name, args.kept, args.rounds, args.budget, args.cache)

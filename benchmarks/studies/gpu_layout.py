@@ -3,33 +3,37 @@ provider's options infertune's candidates use (`use_tf32=0`), and float16 with e
 options that change how convolutions run (`prefer_nhwc=1`: channels-last; the cuDNN algorithm
 search; its workspace): p50 at batch 1 and 32 through IO binding (inputs copied to the GPU
 per call, outputs copied back: the sync), and how many cuDNN frontend error lines each
-session printed. Each setting in a child process of its own, so that its stderr is its own.
+session printed. Each setting in a child process of its own, so that its output is its own.
 
-On a GPU host with onnxruntime-gpu (no TensorFlow needed), for the model of a package made by
-`benchmarks/gpu_check.py prepare`:
+On a GPU host with onnxruntime-gpu (no TensorFlow needed), from the repository's root, for
+the model of a package made by `benchmarks/gpu_check.py prepare`:
 
-    python3 benchmarks/gpu_layout.py gpu-check/packages/mobilenet-v2-224/onnx/model.onnx
+    python3 -m benchmarks.studies.gpu_layout gpu-check/packages/mobilenet-v2-224/onnx/model.onnx
 
 The input is taken as (batch, 224, 224, 3) float32 (the MobileNetV2 224 package's); it prints
-one line per setting (docs/gpu.md, "The fifth and sixth passes").
+one line per setting. docs/gpu.md quotes its output of 2026-11-27 on an H100 host
+(docs/benchmarks/gpu-check/layout-6.txt: the cuDNN error lines and the layout;
+layout-7.txt: the convolution options).
 
 `--together SETTING,SETTING,...` times the named settings in one process instead, their calls
 interleaved (rounds in a rotating order, a block of calls per setting each round), at batch 1
 and 32: p50 over every round, the spread of the rounds' medians, and each one's ratio to the
-first setting (docs/gpu.md, "The seventh pass"):
+first setting (layout-8.txt, 2026-11-27, the same host type: what made the float16
+candidates ask for cuDNN's heuristic algorithm choice):
 
-    python3 benchmarks/gpu_layout.py model.onnx \\
+    python3 -m benchmarks.studies.gpu_layout model.onnx \\
         --together "fp16,fp16 heuristic search,fp32,fp32 heuristic search"
 """
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
+import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
+
+from benchmarks import harness
 
 CALLS, WARMUP = 60, 10
 # Each setting: the precision of the graph and the CUDA provider's options beyond use_tf32=0.
@@ -119,20 +123,27 @@ def together(model_path: str, settings: list[str], rounds: int = 10) -> None:
 
 
 def main() -> None:
-    model_path = sys.argv[1]
-    if len(sys.argv) > 3 and sys.argv[2] == "--together":
-        together(model_path, sys.argv[3].split(","))
+    parser = harness.parser(__doc__, child=True)
+    parser.add_argument("model", help="the ONNX model (a package's onnx/model.onnx)")
+    parser.add_argument(
+        "--together",
+        help=f"comma-separated settings timed interleaved in one process; known: {list(SETTINGS)}",
+    )
+    args = parser.parse_args()
+    if args.child:  # one setting, its stderr its own
+        harness.write_child_result(args.child_out, one(args.model, args.child))
         return
-    if len(sys.argv) > 2:  # the child: one setting
-        print("RESULT", json.dumps(one(model_path, sys.argv[2])))
+    if args.together:
+        together(args.model, args.together.split(","))
         return
     for setting in SETTINGS:
-        child = subprocess.run(
-            [sys.executable, __file__, model_path, setting], capture_output=True, text=True
-        )
-        errors = child.stderr.count("cudnn_frontend")
-        lines = [line for line in child.stdout.splitlines() if line.startswith("RESULT")]
-        found = lines[0][len("RESULT ") :] if lines else child.stderr[-400:]
+        with tempfile.TemporaryDirectory() as tmp:
+            log = Path(tmp) / "output.txt"
+            result = harness.run_in_child(__file__, setting, [args.model], log_file=log)
+            errors = log.read_text(errors="replace").count("cudnn_frontend")
+        found = result.get("error") or {
+            k: v for k, v in result.items() if k not in ("model", "wall_s")
+        }
         print(f"{setting}: cudnn errors {errors} {found}", flush=True)
 
 

@@ -16,23 +16,21 @@ calibration), with the activations in float32 or quantized by OpenVINO at every 
 (`WEIGHTS_ONLY`): what a quantization that needs no calibrated activation ranges gives.
 Timings: p50 in ms, against NNCF's int8 quantized throughout and OpenVINO in float32.
 
-    python benchmarks/nncf_settings.py --models bert-encoder [--settings "throughout,int8 weights"]
+From the repository's root:
+
+    python -m benchmarks.studies.nncf_settings --models bert-encoder \\
+        [--settings "throughout,int8 weights"]
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
-
-import precision  # noqa: E402  (the benchmark's models, data and cache)
-from kept_layers import ranked_layers  # noqa: E402
-from nncf_samples import outputs  # noqa: E402
-from tflite_ranges import target_of  # noqa: E402
+from benchmarks import bench_models
+from benchmarks.bench_models import openvino_outputs, ranked_layers, target_of
 
 SAMPLES = 128
 # label -> (SmoothQuant alpha for MatMul, or None for NNCF's default; other nncf.quantize
@@ -102,7 +100,7 @@ def one_model(name: str, budget: float, cache: Path, chosen: list[str]) -> None:
     from infertune.system.quiet import stdout_silenced
 
     nncf.set_log_level(logging.ERROR)
-    model, data = precision.cached_model(name, cache)
+    model, data = bench_models.cached_model(name, cache)
     calibration = data.x("calibration")
     target = target_of(model, calibration[:1])
     target.calibration = [[calibration]]
@@ -115,12 +113,12 @@ def one_model(name: str, budget: float, cache: Path, chosen: list[str]) -> None:
     reference = core.compile_model(float_model, "CPU", f32)
     gate_labels, test_labels = data.y("gate"), data.y("test")
     reference_gate, reference_test = (
-        outputs(reference, data, "gate"),
-        outputs(reference, data, "test"),
+        openvino_outputs(reference, data, "gate"),
+        openvino_outputs(reference, data, "test"),
     )
     right = reference_gate.argmax(-1) == gate_labels
-    rule = Accuracy((data.x("gate"), gate_labels), "accuracy", max_drop=precision.MAX_DROP)
-    test_fp32 = precision.accuracy_of(reference_test, test_labels)
+    rule = Accuracy((data.x("gate"), gate_labels), "accuracy", max_drop=bench_models.MAX_DROP)
+    test_fp32 = bench_models.accuracy_of(reference_test, test_labels)
     print(f"{name}: the ranking's first layers: {', '.join(ranking[:5])}")
     feeds = [{exported.input_names[0]: calibration[i : i + 1]} for i in range(SAMPLES)]
     compiled = {"OpenVINO f32": reference}
@@ -141,10 +139,11 @@ def one_model(name: str, budget: float, cache: Path, chosen: list[str]) -> None:
         seconds = time.perf_counter() - start
         made = "the weights compressed above" if reused else f"quantized in {seconds:.1f} s"
         compiled[label] = core.compile_model(quantized, "CPU", wanted)
-        gate = outputs(compiled[label], data, "gate")
+        gate = openvino_outputs(compiled[label], data, "gate")
         verdict = judge_metric(rule, [gate_labels], [reference_gate], [gate])
         changed = int(((gate.argmax(-1) == gate_labels) != right).sum())
-        test = precision.accuracy_of(outputs(compiled[label], data, "test"), test_labels)
+        test_outputs = openvino_outputs(compiled[label], data, "test")
+        test = bench_models.accuracy_of(test_outputs, test_labels)
         print(
             f"  {label}: {made}; gate {verdict.metric:.4f} against "
             f"{verdict.reference_metric:.4f}, drop {100 * verdict.drop:+.2f} points, bound "
@@ -173,7 +172,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--models", default="bert-encoder")
     parser.add_argument("--budget", type=float, default=20.0, help="s of interleaved timing")
-    parser.add_argument("--cache", type=Path, default=precision.DEFAULT_CACHE.expanduser())
+    parser.add_argument("--cache", type=Path, default=bench_models.DEFAULT_CACHE.expanduser())
     parser.add_argument(
         "--settings",
         help="comma-separated labels, or the start of labels (default all): "
