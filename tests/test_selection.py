@@ -4,6 +4,9 @@ it is clearly faster."""
 
 from __future__ import annotations
 
+import dataclasses
+import time
+
 import numpy as np
 
 from infertune.options import Options
@@ -173,3 +176,63 @@ def test_an_exact_shape_candidate_must_be_faster_beyond_noise():
     assert fast is quick and quick.status == "selected"
     assert "faster than general" in why and "general serves the others" in why
     assert "which quick serves" in general.reason
+
+
+# -- a close call, and one thread against several -------------------------------------------
+def test_a_close_call_names_the_runner_up_and_the_margin():
+    base = _result("keras-eager", [3.0] * 6)
+    chosen_one = _result("a", [1.00, 1.01, 0.99, 1.00, 1.02, 0.99], prepare_s=0.1)
+    runner_up = _result("b", [1.03, 1.04, 1.02, 1.03, 1.05, 1.02], prepare_s=0.1)
+    chosen, why = select([base, chosen_one, runner_up], "latency")
+    assert chosen is chosen_one
+    assert "close call: the runner-up b is +3.0%" in why
+    far = _result("c", [1.30] * 6)
+    _, why = select([_result("keras-eager", [3.0] * 6), _result("a", [1.0] * 6), far], "latency")
+    assert "close call" not in why  # 30% behind: no close call
+
+
+class _Busy:
+    """A runner that busy-waits `ms` per call: a workload of known speed for the timing
+    engine (no runtime is needed to check which of two the head-to-head keeps)."""
+
+    cooldown_s = 0.0
+    exact_shapes = None
+
+    def __init__(self, name: str, ms: float):
+        self.name, self.seconds = name, ms / 1e3
+
+    def run(self, inputs):
+        end = time.perf_counter() + self.seconds
+        while time.perf_counter() < end:
+            pass
+
+
+def test_one_thread_against_several_is_settled_head_to_head():
+    """The main measurement sent the two-thread candidate out of the rounds (a load at their
+    start: its p50 there 2.0 ms), and chose the one-thread one (1.0 ms); alone, head to
+    head, the two-thread one is faster (0.5 ms): it is chosen, both reasons say why."""
+    from infertune.model.inputs import build_signature
+    from infertune.model.outputs import OutputSignature
+    from infertune.pipeline.measuring import head_to_head
+    from infertune.pipeline.selection import Selection, other_thread_setting, settled
+    from infertune.report.progress import Progress
+    from infertune.result.choice import Choice
+
+    one = _result("litert:threads=1", [1.0] * 6)
+    several = _result("litert", [2.0, 2.1])
+    several.latency = dataclasses.replace(several.latency, left_after=2)
+    one.status = "selected"
+    contenders = {
+        name: _Busy(name, ms) for name, ms in (("litert:threads=1", 1.0), ("litert", 0.5))
+    }
+    results = [_result("keras-eager", [30.0] * 6), one, several]
+    assert other_thread_setting(one.name, results, contenders) is several
+    with Progress(False) as progress:
+        winner, why = head_to_head(one, several, contenders, [], Options(), progress)
+    assert winner == "litert" and "settled head to head" in why
+    signature, _ = build_signature(np.zeros((1, 2), np.float32), None, np.dtype("float32"))
+    choice = Choice(contenders[one.name], signature, OutputSignature(signature.structure, ()))
+    after = settled(Selection(choice, "p50 1 ms"), results, contenders, winner, why, 1)
+    assert after.choice.general is contenders["litert"]
+    assert several.status == "selected" and one.status == "ok"
+    assert one.reason.startswith("lost the head-to-head")

@@ -62,6 +62,9 @@ def optimize(
     reference: str = DEFAULTS.reference,
     calibration: Any = DEFAULTS.calibration,
     accuracy: Accuracy | None = DEFAULTS.accuracy,
+    traffic: Sequence[Any] | None = DEFAULTS.traffic,
+    pad_value: Any = DEFAULTS.pad_value,
+    free_dims: dict[str, Any] | None = DEFAULTS.free_dims,
     verbose: bool = True,
 ) -> Optimized:
     """Try every candidate backend that can run here and return the fastest correct one.
@@ -99,6 +102,11 @@ def optimize(
         calibration: representative inputs static int8 calibrates its ranges on.
         accuracy: `infertune.Accuracy(data=(x, y), metric="accuracy", max_drop=0.01)`: the
             task a reduced-precision candidate must keep.
+        traffic: a sample of real requests (inputs as the model takes them, or their shapes):
+            buckets over its free dimension's lengths, a candidate each, chosen by measurement,
+            padding used only where it is proven exact for this model.
+        pad_value: what padding writes (per input name in a dict; default 0).
+        free_dims: the free dimensions by name, {"length": ["ids:1", "mask:1"]}; None: found.
         verbose: progress lines on stderr.
 
     Returns:
@@ -109,7 +117,7 @@ def optimize(
         time_budget_s=time_budget_s, precision=precision, batch_sizes=batch_sizes,
         latency_budget_ms=latency_budget_ms, concurrency=concurrency, isolation=isolation,
         candidate_timeout_s=candidate_timeout_s, reference=reference, calibration=calibration,
-        accuracy=accuracy,
+        accuracy=accuracy, traffic=traffic, pad_value=pad_value, free_dims=free_dims,
     )  # fmt: skip
     if sample_input is None and isinstance(model, str | os.PathLike) and is_package(model):
         if cache is not None:
@@ -180,6 +188,9 @@ def package(
     reference: str = DEFAULTS.reference,
     calibration: Any = DEFAULTS.calibration,
     accuracy: Accuracy | None = DEFAULTS.accuracy,
+    traffic: Sequence[Any] | None = DEFAULTS.traffic,
+    pad_value: Any = DEFAULTS.pad_value,
+    free_dims: dict[str, Any] | None = DEFAULTS.free_dims,
     verbose: bool = True,
 ) -> Path:
     """Write everything tuning needs into the directory `path` (new or empty), with
@@ -192,7 +203,7 @@ def package(
         rtol=rtol, atol=atol, objective=objective, precision=precision,
         batch_sizes=batch_sizes, latency_budget_ms=latency_budget_ms,
         concurrency=concurrency, reference=reference, calibration=calibration,
-        accuracy=accuracy,
+        accuracy=accuracy, traffic=traffic, pad_value=pad_value, free_dims=free_dims,
     )  # fmt: skip
     with Progress(verbose) as progress:
         tuning = load_for_tuning(model, sample_input, progress)

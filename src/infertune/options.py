@@ -77,6 +77,13 @@ class Options:
     # A digest of the calibration and labelled data, once read (pipeline/tune.py): part of
     # what decides the result (the tuning cache's key).
     data_digest: str | None = None
+    # A sample of real requests (model/traffic.py), the value padding writes (one for every
+    # input, or by input name) and the free dimensions named by the user (None: found).
+    traffic: Any = field(default=None, compare=False)
+    pad_value: Any = 0
+    free_dims: Any = None
+    # The traffic's digest once read: its dimensions and the distribution of their sizes.
+    traffic_digest: str | None = None
 
     @classmethod
     def checked(cls, **given: Any) -> Options:
@@ -92,6 +99,7 @@ class Options:
         isolation, reference = values["isolation"], values["reference"]
         candidate_timeout_s = values["candidate_timeout_s"]
         _check_reduced(values["precision"], values["calibration"], values["accuracy"])
+        _check_traffic(values["traffic"], values["pad_value"], values["free_dims"])
         numbers = isinstance(rtol, int | float) and isinstance(atol, int | float)
         if not (numbers and rtol >= 0 and atol >= 0):
             raise OptionError(
@@ -136,6 +144,9 @@ class Options:
             reference=reference,
             calibration=values["calibration"],
             accuracy=values["accuracy"],
+            traffic=values["traffic"],
+            pad_value=values["pad_value"],
+            free_dims=values["free_dims"],
         )
 
     @property
@@ -165,6 +176,10 @@ class Options:
             saved["accuracy"] = self.accuracy.settings()
         if self.data_digest is not None:
             saved["data"] = self.data_digest
+        if self.traffic_digest is not None:
+            saved["traffic"] = self.traffic_digest
+            saved["pad_value"] = self.pad_value
+            saved["free_dims"] = self.free_dims
         return saved
 
     @classmethod
@@ -200,7 +215,9 @@ class Options:
 
 # optimize()'s options, by the names it takes them under (the fields above, but the two the
 # pipeline sets).
-OPTION_NAMES = tuple(f.name for f in fields(Options) if f.name not in ("started", "data_digest"))
+OPTION_NAMES = tuple(
+    f.name for f in fields(Options) if f.name not in ("started", "data_digest", "traffic_digest")
+)
 # Every option's default: the fields' (optimize()'s signature and the command line show these).
 DEFAULTS = Options()
 
@@ -219,6 +236,31 @@ def _check_reduced(precision: Any, calibration: Any, accuracy: Any) -> None:
         raise OptionError(
             f"{given} applies to reduced-precision candidates: allow them with "
             f"precision=('fp32', 'bf16', 'int8'), or leave {given} out."
+        )
+
+
+def _check_traffic(traffic: Any, pad_value: Any, free_dims: Any) -> None:
+    """pad_value= and free_dims= apply to traffic=; their form (model/traffic.py reads the
+    traffic itself, against the model's inputs)."""
+    if traffic is None and (free_dims is not None or pad_value != 0):
+        given = "free_dims=" if free_dims is not None else "pad_value="
+        raise OptionError(
+            f"{given} applies to traffic= (the requests padded into buckets): give a sample "
+            f"of real requests as traffic=, or leave {given} out."
+        )
+    scalar = isinstance(pad_value, int | float | bool | np.generic)
+    if not scalar and not (
+        isinstance(pad_value, dict)
+        and all(isinstance(v, int | float | bool | np.generic) for v in pad_value.values())
+    ):
+        raise OptionError(
+            f"pad_value must be a number, or a dict of numbers by input name. Received: "
+            f"pad_value={pad_value!r}."
+        )
+    if free_dims is not None and not isinstance(free_dims, dict):
+        raise OptionError(
+            f"free_dims must be a dict {{name: ['input:axis', ...]}}. Received: "
+            f"free_dims={free_dims!r}."
         )
 
 

@@ -21,7 +21,7 @@ from ..report import CandidateResult, Report, memory_line
 from ..report.progress import Progress
 from ..report.stages import StageTimes
 from ..result.choice import Choice
-from ..system.environment import collect_environment, fingerprint
+from ..system.environment import collect_environment, fingerprint, usable_cores
 from ..system.resources import MemoryPeak, allocators_note
 from .budget import Budget
 from .context import Preparation
@@ -29,12 +29,26 @@ from .diagnosis import diagnose
 from .frame import Frame, predicted_by_note
 from .isolation import Isolation
 from .machine import MachineRecord
-from .measuring import close_quietly, concurrency_note, measure_batches
+from .measuring import (
+    HEAD_TO_HEAD_S,
+    close_quietly,
+    concurrency_note,
+    head_to_head,
+    measure_batches,
+)
 from .memory import conversion_memory_learned
 from .planning import Probe, after_candidates_s, learn_from_run
 from .preparing import prepare_all
 from .reference import Check
-from .selection import Forced, Selection, choose, forced_choice
+from .selection import (
+    Forced,
+    Selection,
+    choose,
+    forced_choice,
+    other_thread_setting,
+    settled,
+)
+from .traffic_plan import plan_buckets, traffic_words
 
 __all__ = ["contest"]
 
@@ -74,6 +88,7 @@ def _contest(
     isolation = Isolation(options.isolation, options.candidate_timeout_s)
     run = Preparation(target, frame.checks, options, progress, isolation, budget, planned, record)
     run.precision = frame.precision
+    isolation.exclusive = run.exclusive
     try:
         prepared = prepare_all(frame.candidates, run)
     finally:
@@ -97,15 +112,25 @@ def _contest(
     else:
         by_batch = measure_batches(
             contenders, frame.sample, results, signature, frame.batch_sizes, options, progress,
-            budget, prepared.call_estimates,
+            budget, prepared.call_estimates, run.exclusive,
         )  # fmt: skip
         selection = choose(
             results, contenders, by_batch, options, signature, frame.outputs, frame.batch_sizes
         )
+        selection = _settle_threads(selection, results, contenders, frame, options, run)
     choice = selection.choice
+    traffic = None
+    if frame.traffic is not None and forced is None:
+        traffic = plan_buckets(
+            frame.traffic, signature, results, contenders, choice.general.name, options.rtol,
+            options.atol, progress, run.exclusive,
+        )  # fmt: skip
+        choice.buckets = traffic.buckets
+        progress.say(traffic_words(traffic))
     under_load = concurrency_note(
         choice.general.name, results, contenders, frame.sample, signature.sample_batch or 1,
         options, progress, memory_tight=target.memory_tight is not None,
+        exclusive=run.exclusive,
     )  # fmt: skip
     _release_losers(choice, contenders)
     selected = choice.selected.name
@@ -131,6 +156,8 @@ def _contest(
         + _plan_notes(options, prepared.tried, results)
         + isolation.notes
         + _concurrency_notes(options, under_load)
+        + [note for note in [run.exclusive.note()] if note]
+        + ([traffic_words(traffic)] if traffic is not None else [])
     )
     if frame.traced_differs and options.reference == "eager" and selected in REFERENCE_NAMES:
         selection.reason += (
@@ -144,6 +171,37 @@ def _contest(
         report.notes.append(tip)
     _say_choice(report, selection, progress, times)
     return choice, report
+
+
+def _settle_threads(
+    selection: Selection,
+    results: list[CandidateResult],
+    contenders: dict,
+    frame: Frame,
+    options: Options,
+    run: Preparation,
+) -> Selection:
+    """A choice on one thread against the best candidate on several (or the other way round):
+    the two timed again, head to head, and the faster kept (measuring.py `head_to_head`).
+    Not where the choice has an exact-shape path, on one core, or where the time budget has
+    no seconds left for it."""
+    choice = selection.choice
+    if choice.exact_shape is not None or usable_cores() < 2:
+        return selection
+    budget = run.budget
+    if budget.limited and budget.left_s() <= budget.after_measurement_s + HEAD_TO_HEAD_S:
+        return selection
+    chosen = next(r for r in results if r.name == choice.general.name)
+    other = other_thread_setting(chosen.name, results, contenders)
+    if other is None or chosen.latency is None:
+        return selection
+    settled_by = head_to_head(
+        chosen, other, contenders, frame.sample, options, run.progress, run.exclusive
+    )
+    if settled_by is None:
+        return selection
+    winner, why = settled_by
+    return settled(selection, results, contenders, winner, why, frame.signature.sample_batch)
 
 
 def _background_times(times: StageTimes, isolation: Isolation, target: Target) -> None:

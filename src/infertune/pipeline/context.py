@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from ..backends import Backend
 from ..backends.base import RunFacts
 from ..report import CandidateResult
+from .exclusive import Exclusive
 
 if TYPE_CHECKING:  # the values it carries; the modules that use them import them
     import numpy as np
@@ -102,6 +103,8 @@ class Preparation:
     # first search that keeps layers in float32, read by the next (the same export, the same
     # calibration: 6 s each on the BERT-sized encoder, three searches).
     layer_errors: dict[str, float] | None = None
+    # The turns of work and timing (exclusive.py): no work of the run beside a timing.
+    exclusive: Exclusive = field(default_factory=Exclusive)
 
     @property
     def memory_tight(self) -> str | None:

@@ -28,6 +28,7 @@ from ..model.source import ModelSource
 from ..model.splitting import Split, find_split
 from ..model.target import Target
 from ..model.tolerance import compare_outputs
+from ..model.traffic import Traffic
 from ..options import Options
 from ..precision.data import LabelledBatch
 from ..precision.gate import FIRST_ROWS, PrecisionData, precision_data
@@ -43,6 +44,7 @@ from .reference import (
     tuned_batch_sizes,
     verification_inputs,
 )
+from .traffic_plan import TrafficFrame, frame_traffic
 
 __all__ = ["Frame", "Model", "candidates", "frame_model", "reference_kind"]
 
@@ -58,6 +60,8 @@ class Model:
     gpu_growth: dict  # what enable_tf_memory_growth() did, for the report
     calibration: list[list[np.ndarray]] | None = None  # flat input batches
     labelled: list[LabelledBatch] | None = None
+    traffic: Traffic | None = None  # optimize(traffic=...) read: the requests' sizes
+    pad_values: tuple = ()  # per flat input, what padding writes
 
 
 @dataclass
@@ -78,6 +82,7 @@ class Frame:
     first_call_s: float = 0.0  # the model's own first call (no candidate can save it)
     traced_differs: bool = False  # the model's traced graph differs from model(x)
     split: Split | None = None  # the preprocessing run apart in TensorFlow, where there is
+    traffic: TrafficFrame | None = None  # optimize(traffic=...): padding checked, lengths
     notes: list[str] = field(default_factory=list)  # what the frame found, for the report
 
     @property
@@ -119,6 +124,13 @@ def frame_model(model: Model, options: Options, progress: Progress) -> Frame:
         target.calibration = precision.calibration or None
     with progress.timed("FLOP count", text="counting the model's arithmetic (one trace of it)"):
         planned = probe(source, signature, sample, checks, call_s, None)
+    traffic = None
+    if model.traffic is not None:
+        reference_call = call or (lambda flat: source.call_flat(signature, flat)[0])
+        traffic = frame_traffic(
+            model.traffic, signature, reference_call, model.pad_values, options.rtol,
+            options.atol, progress,
+        )  # fmt: skip
     # Without strings, a model that cannot be split still goes whole to every converter.
     backends = candidates(source, options, split, unsplit if signature.strings else None)
     notes = (
@@ -129,7 +141,7 @@ def frame_model(model: Model, options: Options, progress: Progress) -> Frame:
     )
     return Frame(
         source.description, signature, sample, target, checks, outputs, planned, backends,
-        batch_sizes, precision, source, first_call_s, versus.differs, split, notes,
+        batch_sizes, precision, source, first_call_s, versus.differs, split, traffic, notes,
     )  # fmt: skip
 
 

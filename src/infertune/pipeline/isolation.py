@@ -49,6 +49,7 @@ from ..system.children import (
     ChildUnavailable,
     start_module,
 )
+from .exclusive import Exclusive
 
 __all__ = [
     "CandidateCrashed",
@@ -98,6 +99,8 @@ class Isolation:
         self._lock = threading.RLock()  # the queue and the worker, between two threads
         self.notes: list[str] = []  # for the report: where isolation fell back
         self.child_seconds: dict[str, float] = {}  # each rehearsal's time in the child
+        # The run's turns of work and timing (exclusive.py), where the pipeline set them.
+        self.exclusive: Exclusive | None = None
 
     def deadline(self) -> float:
         """The deadline of a candidate (or of its rehearsal) that starts now."""
@@ -128,6 +131,8 @@ class Isolation:
         thread.start()
         thread.join(max(0.0, deadline - time.perf_counter()))
         if thread.is_alive():
+            if self.exclusive is not None:  # no timing can wait for it: said in the report
+                self.exclusive.abandoned.append((stage, thread))
             raise self._timed_out(stage, "abandoned, still running in a background thread")
         if "error" in box:
             raise box["error"]

@@ -141,7 +141,8 @@ def predict_early(run: Preparation) -> None:
 
         def predict() -> list[np.ndarray] | None:
             try:
-                return data.predictions_by(fastest.backend.run)
+                with run.exclusive.work():
+                    return data.predictions_by(fastest.backend.run)
             finally:
                 seconds = time.perf_counter() - started
                 run.progress.times.add_background(fastest.name, seconds, "accuracy reference")

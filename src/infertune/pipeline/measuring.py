@@ -15,13 +15,10 @@ from ..options import Options
 from ..report import CandidateResult
 from ..report.progress import Progress
 from .budget import Budget
-from .timing import (
-    LatencyStats,
-    measure_interleaved,
-    warm_up,
-)
+from .exclusive import Exclusive
+from .timing import LatencyStats, clearly_slower, measure_interleaved, warm_up
 
-__all__ = ["close_quietly", "concurrency_note", "measure", "measure_batches"]
+__all__ = ["close_quietly", "concurrency_note", "head_to_head", "measure", "measure_batches"]
 
 
 def measure_batches(
@@ -34,6 +31,7 @@ def measure_batches(
     progress: Progress,
     budget: Budget | None = None,
     call_estimates: dict[str, float] | None = None,
+    exclusive: Exclusive | None = None,
 ) -> dict[int, dict[str, LatencyStats]]:
     """Measure every contender at the sample's batch size (its statistics go into `results`)
     and at each other tuned batch size, on random inputs drawn like the sample (an exact-shape
@@ -41,7 +39,8 @@ def measure_batches(
     and closed. Returns {batch: {name: stats}}.
 
     `call_estimates`: seconds per call at the sample's batch size seen in verification; a
-    candidate with one needs no warm-up there (its verification calls were its warm-up)."""
+    candidate with one needs no warm-up there (its verification calls were its warm-up).
+    `exclusive`: the run's turns of work and timing, which every timing here takes."""
     sizes = batch_sizes or [signature.sample_batch]
     by_name = {r.name: r for r in results}
     rng = np.random.default_rng(1)
@@ -70,6 +69,7 @@ def measure_batches(
             where,
             estimates,
             options.concurrency,
+            exclusive,
         )
         for name, reason in errors.items():
             by_name[name].status, by_name[name].reason = "failed", f"{reason}{where}"
@@ -94,6 +94,7 @@ def measure(
     where: str = "",
     known: dict[str, float] | None = None,
     callers: int = 1,
+    exclusive: Exclusive | None = None,
 ) -> tuple[dict[str, LatencyStats], dict[str, str]]:
     """Warm up, then time all contenders on `inputs` in interleaved rounds, each block run by
     `callers` threads at once. Returns their statistics and, for those that raised, the
@@ -102,32 +103,33 @@ def measure(
     runners = {name: (lambda b=backend: b.run(inputs)) for name, backend in contenders.items()}
     estimates, errors = {}, {}
     known = known or {}
-    with progress.timed("warm-up"):
-        for name, runner in list(runners.items()):
-            if name in known:
-                estimates[name] = known[name]
-                continue
-            try:
-                estimates[name] = warm_up(runner)
-            except Exception as exc:
-                errors[name] = f"warm-up: {one_line(exc)}"
-                del runners[name]
-    under = f" under {callers} concurrent callers" if callers > 1 else ""
-    progress.say(
-        f"measuring {len(runners)} candidates{where}{under} in interleaved rounds (up to "
-        f"{budget_s:.1f} s)"
-    )
-    with progress.timed("measurement"):
-        measured = measure_interleaved(
-            runners,
-            budget_s=budget_s,
-            per_call_estimate_s=estimates,
-            cooldown_s={name: backend.cooldown_s for name, backend in contenders.items()},
-            on_round=lambda n, t: progress.stage(
-                f"measuring{where}: round {n}, {t:.1f} of {budget_s:.1f} s", log=False
-            ),
-            callers=callers,
+    with exclusive.timing() if exclusive is not None else contextlib.nullcontext():
+        with progress.timed("warm-up"):
+            for name, runner in list(runners.items()):
+                if name in known:
+                    estimates[name] = known[name]
+                    continue
+                try:
+                    estimates[name] = warm_up(runner)
+                except Exception as exc:
+                    errors[name] = f"warm-up: {one_line(exc)}"
+                    del runners[name]
+        under = f" under {callers} concurrent callers" if callers > 1 else ""
+        progress.say(
+            f"measuring {len(runners)} candidates{where}{under} in interleaved rounds (up to "
+            f"{budget_s:.1f} s)"
         )
+        with progress.timed("measurement"):
+            measured = measure_interleaved(
+                runners,
+                budget_s=budget_s,
+                per_call_estimate_s=estimates,
+                cooldown_s={name: backend.cooldown_s for name, backend in contenders.items()},
+                on_round=lambda n, t: progress.stage(
+                    f"measuring{where}: round {n}, {t:.1f} of {budget_s:.1f} s", log=False
+                ),
+                callers=callers,
+            )
     errors.update({name: f"measurement: {reason}" for name, reason in measured.errors.items()})
     return measured.stats, errors
 
@@ -156,6 +158,7 @@ def concurrency_note(
     options: Options,
     progress: Progress,
     memory_tight: bool = False,
+    exclusive: Exclusive | None = None,
 ) -> str | None:
     """With one caller asked for: how much the choice would lose under 2 and 4 callers
     where another candidate does better there by more than LOSS_WORTH_SAYING, in one line
@@ -182,7 +185,10 @@ def concurrency_note(
     budget_s = min(0.5, options.measure_budget() / 4)
     start = time.perf_counter()
     losses = []
-    with progress.timed("concurrency check", text="measuring the choice under 2 and 4 callers"):
+    with (
+        progress.timed("concurrency check", text="measuring the choice under 2 and 4 callers"),
+        exclusive.timing() if exclusive is not None else contextlib.nullcontext(),
+    ):
         for callers in CHECKED_CALLERS:
             stats = measure_interleaved(
                 runners, budget_s=budget_s, min_rounds=3, callers=callers,
@@ -206,3 +212,63 @@ def concurrency_note(
         f"optimize(..., concurrency=N) chooses for N callers (this check measured "
         f"{len(names)} candidates in {time.perf_counter() - start:.1f} s)"
     )
+
+
+# A choice on one thread against the best on several (or the other way round) is timed again,
+# the two alone, where the other is within this ratio of it or left the rounds early: a
+# runtime on two threads loses more than one on one thread to anything else on the cores, so
+# a load in the first rounds can send it out of them (MobileNetV2 160 chose LiteRT on one
+# thread at 8.1 ms in one run of three, where LiteRT on two ran 3.6 ms).
+HEAD_TO_HEAD_WITHIN = 1.5
+HEAD_TO_HEAD_S = 1.0
+HEAD_TO_HEAD_ROUNDS = 8
+
+
+def head_to_head(
+    chosen: CandidateResult,
+    other: CandidateResult,
+    contenders: dict[str, Backend],
+    inputs: list[np.ndarray],
+    options: Options,
+    progress: Progress,
+    exclusive: Exclusive | None = None,
+) -> tuple[str, str] | None:
+    """The chosen candidate and `other`, of the other thread setting, timed together alone in
+    interleaved rounds (HEAD_TO_HEAD_ROUNDS at least, every one to the end): the winner (the
+    chosen one unless the other is clearly faster round by round) and why, in words. None
+    where the two are not worth it (the other far behind and measured to the end) or one
+    failed."""
+    a, b = chosen.latency, other.latency
+    if b.left_after is None and b.p50 > HEAD_TO_HEAD_WITHIN * a.p50:
+        return None
+    names = (chosen.name, other.name)
+    statistic = "mean" if options.concurrency > 1 or options.objective != "latency" else "median"
+    text = f"settling one thread against several: {chosen.name} and {other.name}, head to head"
+    with (
+        progress.timed("head-to-head", text=text),
+        exclusive.timing() if exclusive is not None else contextlib.nullcontext(),
+    ):
+        measured = measure_interleaved(
+            {name: (lambda b=contenders[name]: b.run(inputs)) for name in names},
+            budget_s=HEAD_TO_HEAD_S,
+            min_rounds=HEAD_TO_HEAD_ROUNDS,
+            per_call_estimate_s={chosen.name: a.p50 / 1e3, other.name: b.p50 / 1e3},
+            cooldown_s={name: contenders[name].cooldown_s for name in names},
+            callers=options.concurrency,
+            race=False,
+        )
+    stats = measured.stats
+    if chosen.name not in stats or other.name not in stats:
+        return None
+    mine, theirs = stats[chosen.name], stats[other.name]
+    won = clearly_slower(mine, theirs, statistic=statistic)
+    winner, loser = (theirs, mine) if won else (mine, theirs)
+    names_by = {id(mine): chosen.name, id(theirs): other.name}
+    unit = "mean" if statistic == "mean" else "p50"
+    value = (lambda s: s.mean) if statistic == "mean" else (lambda s: s.p50)
+    why = (
+        f"one thread against several, settled head to head ({mine.rounds} rounds, the two "
+        f"alone): {names_by[id(winner)]} {unit} {value(winner):.4g} ms, "
+        f"{names_by[id(loser)]} {value(loser):.4g} ms"
+    )
+    return names_by[id(winner)], why

@@ -343,12 +343,13 @@ def time_together(backends: list[Any], run: Preparation) -> dict[str, float]:
     """Each backend's p50 ms on the sample, all timed interleaved (TIMING_S, 3 rounds at
     least); none for one whose calls failed."""
     sample = run.checks[0].inputs
-    measured = measure_interleaved(
-        {b.name: (lambda b=b: b.run(sample)) for b in backends},
-        budget_s=TIMING_S,
-        min_rounds=3,
-        cooldown_s={b.name: b.cooldown_s for b in backends},
-    )
+    with run.exclusive.timing():
+        measured = measure_interleaved(
+            {b.name: (lambda b=b: b.run(sample)) for b in backends},
+            budget_s=TIMING_S,
+            min_rounds=3,
+            cooldown_s={b.name: b.cooldown_s for b in backends},
+        )
     return {name: s.p50 for name, s in measured.stats.items() if s.p50 is not None}
 
 

@@ -34,6 +34,10 @@ __all__ = [
     "ranked_by",
     "select",
     "select_exact_shape",
+    "settled",
+    "threads_of",
+    "other_thread_setting",
+    "close_call",
 ]
 
 
@@ -217,7 +221,7 @@ def select(
                 f"was {best.latency.p99:.4g} ms, {best.name})"
             )
     _say_why_not(measured, over_budget, chosen, beaten, tied, objective, latency_budget_ms)
-    return chosen, why
+    return chosen, why + close_call(chosen, measured, objective)
 
 
 def _say_why_not(
@@ -261,6 +265,82 @@ def _say_why_not(
                 f"; measured {r.latency.left_after} rounds: more than {RACE_RATIO:g}x slower "
                 f"than another in each, it left the rest"
             )
+
+
+# A choice whose runner-up is within this share of it is a close call, said in the report:
+# on an idle machine the runs of optimize() on one model moved by up to 5% (the stability
+# benchmark's measure of a repeatable choice), so a runner-up this close may win another run.
+CLOSE_CALL = 0.05
+
+
+def close_call(chosen: CandidateResult, measured: list[CandidateResult], objective: str) -> str:
+    """ "; close call: ..." where the runner-up is within CLOSE_CALL of the choice (its name
+    and the margin), else ""."""
+    cost = partial(_cost, objective=objective)
+    others = [r for r in measured if r is not chosen]
+    if not others:
+        return ""
+    runner_up = min(others, key=cost)
+    margin = cost(runner_up) / cost(chosen) - 1
+    if margin > CLOSE_CALL:
+        return ""
+    return (
+        f"; close call: the runner-up {runner_up.name} is {margin:+.1%} "
+        f"({_STATISTICS[objective][1]} {cost(runner_up):.4g} ms)"
+    )
+
+
+def threads_of(name: str) -> int | None:
+    """A candidate's thread setting from its name (`:threads=N`), None for the runtime's own
+    (every core: ONNX Runtime, OpenVINO, LiteRT's default and TensorFlow)."""
+    marker = ":threads="
+    if marker not in name:
+        return None
+    return int(name.split(marker)[1].split(":")[0])
+
+
+def other_thread_setting(
+    chosen: str, results: list[CandidateResult], contenders: dict[str, Backend]
+) -> CandidateResult | None:
+    """The fastest measured candidate whose thread setting is the other kind than the
+    chosen one's (one thread against several), by p50; None where there is none."""
+    single = threads_of(chosen) == 1
+    other = [
+        r
+        for r in results
+        if r.name != chosen and r.name in contenders and r.latency is not None
+        and (threads_of(r.name) == 1) != single and contenders[r.name].exact_shapes is None
+    ]  # fmt: skip
+    return min(other, key=lambda r: r.latency.p50, default=None)
+
+
+def settled(
+    selection: Selection,
+    results: list[CandidateResult],
+    contenders: dict[str, Backend],
+    winner: str,
+    why: str,
+    sample_batch: int | None,
+) -> Selection:
+    """The selection after the head-to-head (pipeline/measuring.py `head_to_head`): the
+    general choice `winner`, the sample's batch size served by it too; `why` said in the
+    reason (and in the loser's, where the winner changed)."""
+    choice = selection.choice
+    by_name = {r.name: r for r in results}
+    loser = choice.general.name
+    if winner == loser:
+        selection.reason += f"; {why}"
+        return selection
+    by_batch = None
+    if choice.by_batch is not None:
+        by_batch = {**choice.by_batch, sample_batch: contenders[winner]}
+    choice = Choice(contenders[winner], choice.inputs, choice.outputs, by_batch=by_batch)
+    by_name[loser].status, by_name[loser].reason = "ok", f"lost the head-to-head: {why}"
+    by_name[winner].status, by_name[winner].reason = "selected", ""
+    for batch in selection.batches:
+        if batch.batch_size == sample_batch:
+            batch.selected, batch.reason = winner, why
+    return Selection(choice, why, "", selection.batches)
 
 
 def ranked_by(options: Options) -> str:

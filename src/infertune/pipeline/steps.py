@@ -47,13 +47,15 @@ def timed_stage(
 ) -> Any:  # fmt: skip
     """fn() as `stage` of the candidate, timed; shared conversions built meanwhile are
     timed as shared stages of their own, not as the candidate's. `track`: the stage is the
-    one a failure is reported at (not for a wait on work done elsewhere)."""
+    one a failure is reported at (not for a wait on work done elsewhere), and work that
+    no timing may overlap (exclusive.py)."""
     if track:
         state.stage = stage
     run.progress.stage(text)
     start = time.perf_counter()
     try:
-        return fn()
+        with run.exclusive.work() if track else contextlib.nullcontext():
+            return fn()
     finally:
         end = time.perf_counter()
         shared = run.target.conversions.built_between(start, end)
@@ -69,11 +71,12 @@ def timed_in_background(
     state: Candidate, run: Preparation, stage: str, text: str, fn: Callable[[], Any]
 ) -> Any:
     """fn() as `stage` of the candidate in the background thread: timed apart (off this
-    thread's timeline), shown nowhere as the current stage."""
+    thread's timeline), shown nowhere as the current stage; work no timing may overlap."""
     state.stage = stage
     start = time.perf_counter()
     try:
-        return fn()
+        with run.exclusive.work():
+            return fn()
     finally:
         seconds = time.perf_counter() - start
         run.progress.times.add_background(state.name, seconds, stage)

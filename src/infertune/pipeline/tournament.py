@@ -133,13 +133,14 @@ def keep(state: Candidate, run: Preparation) -> None:
     with run.lock:
         sample = run.checks[0].inputs
         runners = {s.name: (lambda b=s.backend: b.run(sample)) for s in run.alive}
-        measured = measure_interleaved(
-            runners,
-            budget_s=TOURNAMENT_S,
-            min_rounds=3,
-            per_call_estimate_s={s.name: _call_s(s, run) for s in run.alive},
-            cooldown_s={s.name: s.backend.cooldown_s for s in run.alive},
-        )
+        with run.exclusive.timing():
+            measured = measure_interleaved(
+                runners,
+                budget_s=TOURNAMENT_S,
+                min_rounds=3,
+                per_call_estimate_s={s.name: _call_s(s, run) for s in run.alive},
+                cooldown_s={s.name: s.backend.cooldown_s for s in run.alive},
+            )
         run.progress.times.add_background(state.name, measured.seconds, "tournament")
         p50 = {name: stats.p50 for name, stats in measured.stats.items()}
         ranked = sorted((s for s in run.alive if s.name in p50), key=lambda s: p50[s.name])

@@ -15,6 +15,7 @@ import numpy as np
 
 from ..model.inputs import build_signature
 from ..model.source import load_model
+from ..model.traffic import read_traffic
 from ..options import Options
 from ..precision.data import calibration_batches, labelled_batches
 from ..report import Report
@@ -23,6 +24,7 @@ from ..result.choice import Choice
 from ..system.gpu import enable_tf_memory_growth
 from .contest import contest
 from .frame import Model, frame_model
+from .padding import pad_values_for
 from .selection import Forced
 
 __all__ = ["Model", "load_for_tuning", "read_data", "tune"]
@@ -50,9 +52,16 @@ def load_for_tuning(model: Any, sample_input: Any, progress: Progress) -> Model:
 
 
 def read_data(model: Model, options: Options, progress: Progress) -> Options:
-    """optimize(calibration=..., accuracy=...) read into flat batches and checked against
-    the model's inputs (InputError, OptionError: before any long work); the options with a
-    digest of the data (it decides the result: the tuning cache's key)."""
+    """optimize(calibration=..., accuracy=..., traffic=...) read into flat batches (the
+    traffic into its sizes) and checked against the model's inputs (InputError, OptionError:
+    before any long work); the options with a digest of the data (it decides the result: the
+    tuning cache's key)."""
+    if options.traffic is not None:
+        with progress.timed("reading the traffic"):
+            model.traffic = read_traffic(options.traffic, model.signature, options.free_dims)
+            model.pad_values = pad_values_for(options.pad_value, model.signature)
+        progress.say(f"traffic: {model.traffic.describe()}")
+        options = dataclasses.replace(options, traffic_digest=model.traffic.digest())
     if options.calibration is None and options.accuracy is None:
         return options
     digest = hashlib.sha256()

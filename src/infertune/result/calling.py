@@ -21,6 +21,7 @@ import numpy as np
 from ..backends.base import Backend
 from ..model.inputs import InputSignature
 from ..model.structure import Structure
+from .buckets import bucketed
 from .choice import Choice
 
 __all__ = ["call_path", "flat_runner"]
@@ -30,6 +31,8 @@ def call_path(choice: Choice) -> Callable[[Any], Any]:
     """opt(x): the input checked against the signature (InputError naming what is wrong),
     sent to the candidate the choice has for it, the output in the model's own form."""
     signature, outputs = choice.inputs, choice.outputs.structure
+    if choice.buckets is not None:
+        return _through_buckets(bucketed(choice.buckets), signature, outputs)
     by_batch = choice.by_batch
     general = (
         _dispatching(by_batch, signature, outputs)
@@ -43,7 +46,10 @@ def call_path(choice: Choice) -> Callable[[Any], Any]:
 
 def flat_runner(choice: Choice) -> Callable[[list[np.ndarray]], list[np.ndarray]]:
     """run(flat inputs, already checked) -> flat outputs, through the same choice: the
-    exact-shape path for the sample's shapes, else the candidate for the batch size."""
+    exact-shape path for the sample's shapes, else the candidate for the batch size; the
+    buckets, where the choice has them."""
+    if choice.buckets is not None:
+        return bucketed(choice.buckets)
     general = _general_run(choice)
     if choice.exact_shape is None:
         return general
@@ -55,6 +61,22 @@ def flat_runner(choice: Choice) -> Callable[[list[np.ndarray]], list[np.ndarray]
         return general(flat)
 
     return run
+
+
+def _through_buckets(
+    run: Callable[[list[np.ndarray]], list[np.ndarray]],
+    signature: InputSignature,
+    outputs: Structure,
+) -> Callable:
+    """The call path through buckets (buckets.py `bucketed`, on flat inputs): one array in
+    (its dtype, rank and fixed dimensions checked inline, as `_calling_free` does) or the
+    input flattened and checked once; one output as it is, several packed."""
+    flatten, pack = signature.flatten, outputs.packer()
+    if signature.free_check is not None and outputs.kind == "leaf":
+        return _calling_free(run, flatten, *signature.free_check)
+    if outputs.kind == "leaf":
+        return lambda x: run(flatten(x))[0]
+    return lambda x: pack(run(flatten(x)))
 
 
 def _general_run(choice: Choice) -> Callable[[list[np.ndarray]], list[np.ndarray]]:

@@ -10,7 +10,10 @@ in one format (`to_dict`).
   largest beyond them). None: `general` serves every batch size;
 - `exact_shape`: the exact-shape path, a candidate that runs only the sample's exact input
   shapes (LiteRT converted at those shapes where the conversion with free dimensions fails)
-  and was clearly faster there: it serves the calls of exactly those shapes. None: none.
+  and was clearly faster there: it serves the calls of exactly those shapes. None: none;
+- `buckets`: where optimize(traffic=...) chose by the traffic's lengths, which candidate
+  serves which lengths and whether it pads them (buckets.py): every call goes through them.
+  None: none.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from dataclasses import dataclass
 from ..backends.base import Backend
 from ..model.inputs import InputSignature
 from ..model.outputs import OutputSignature
+from .buckets import Buckets
 
 __all__ = ["Choice"]
 
@@ -34,6 +38,7 @@ class Choice:
     outputs: OutputSignature
     by_batch: dict[int, Backend] | None = None
     exact_shape: Backend | None = None
+    buckets: Buckets | None = None
 
     def __post_init__(self) -> None:
         if self.by_batch is not None:
@@ -48,10 +53,13 @@ class Choice:
     @property
     def backends(self) -> list[Backend]:
         """The distinct prepared backends: the general choice first, then those chosen at
-        other batch sizes, then the exact-shape path."""
+        other batch sizes, then the exact-shape path, then the buckets'."""
         found = self.general_backends
-        if self.exact_shape is not None:
-            found.append(self.exact_shape)
+        extra = [self.exact_shape] if self.exact_shape is not None else []
+        extra += self.buckets.backends if self.buckets is not None else []
+        for backend in extra:
+            if all(backend is not b for b in found):
+                found.append(backend)
         return found
 
     @property
@@ -98,7 +106,10 @@ class Choice:
         if self.exact_shape is not None:
             shapes = [list(shape) for shape in self.exact_shapes]
             exact = {"backend": self.exact_shape.name, "shapes": shapes}
-        return {"general": self.general.name, "by_batch": by_batch, "exact_shape": exact}
+        data = {"general": self.general.name, "by_batch": by_batch, "exact_shape": exact}
+        if self.buckets is not None:
+            data["buckets"] = self.buckets.to_dict()
+        return data
 
     @staticmethod
     def names(data: dict) -> list[str]:
@@ -106,6 +117,8 @@ class Choice:
         names = [data["general"], *(data.get("by_batch") or {}).values()]
         if data.get("exact_shape"):
             names.append(data["exact_shape"]["backend"])
+        if data.get("buckets"):
+            names += Buckets.names(data["buckets"])
         return list(dict.fromkeys(names))
 
     @classmethod
@@ -119,10 +132,12 @@ class Choice:
         """The choice `to_dict()` wrote, with `backend(name)` giving each prepared backend."""
         by_batch = data.get("by_batch")
         exact = data.get("exact_shape")
+        buckets = data.get("buckets")
         return cls(
             backend(data["general"]),
             inputs,
             outputs,
             by_batch={int(n): backend(name) for n, name in by_batch.items()} if by_batch else None,
             exact_shape=backend(exact["backend"]) if exact else None,
+            buckets=Buckets.from_dict(buckets, backend) if buckets else None,
         )

@@ -76,6 +76,7 @@ MANIFEST = "manifest.json"
 REPORT = "report.json"
 EXACT_SHAPE_DIR = "exact-shape"
 BATCH_DIR = "batch-backends"
+BUCKET_DIR = "bucket-backends"  # the candidates only the buckets use (optimize(traffic=...))
 _REQUIRED = ("choice", "backends", "files", "inputs", "outputs", "options", "environment")
 
 
@@ -159,6 +160,9 @@ def _write_backends(choice: Choice, directory: Path) -> list[dict]:
         entries.append(_entry(backend, directory, f"{BATCH_DIR}/{i}"))
     if choice.exact_shape is not None:
         entries.append(_entry(choice.exact_shape, directory, EXACT_SHAPE_DIR))
+    written = {entry["name"] for entry in entries}
+    for i, backend in enumerate(b for b in choice.backends if b.name not in written):
+        entries.append(_entry(backend, directory, f"{BUCKET_DIR}/{i}"))
     return entries
 
 

@@ -6,13 +6,22 @@ Three kinds use it: the rehearsal child (pipeline/isolation.py: long-lived, a li
 on its pipes, a deadline per job), the TensorFlow worker (pipeline/tf_worker.py: one
 conversion beside this process's work, waited for with a limit) and a large model's TFLite
 conversion (backends/litert/child.py: run to its end within a limit).
+
+Every child started here is kept in one register while it lives (`started`), so that timing
+can stop them all for its duration (`stopped`): a rehearsal or a conversion in a child would
+otherwise take cores from the candidate being timed (pipeline/exclusive.py).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 import sys
+import threading
+import weakref
+from collections.abc import Iterator
 from typing import IO, Any
 
 __all__ = [
@@ -22,7 +31,43 @@ __all__ = [
     "python_executable",
     "run_module",
     "start_module",
+    "started",
+    "stopped",
 ]
+
+# The child processes started here and not yet reaped (a weak set: one nobody holds is gone).
+_STARTED: weakref.WeakSet[subprocess.Popen] = weakref.WeakSet()
+_STARTED_LOCK = threading.Lock()
+
+
+def started(process: subprocess.Popen) -> subprocess.Popen:
+    """`process` kept in the register of children that timing stops; returns it."""
+    with _STARTED_LOCK:
+        _STARTED.add(process)
+    return process
+
+
+@contextlib.contextmanager
+def stopped() -> Iterator[int]:
+    """Every registered child that still runs stopped (SIGSTOP) for the duration, and
+    continued (SIGCONT) after; yields how many were stopped. Where signals cannot stop a
+    process (not POSIX), nothing is stopped."""
+    if not hasattr(signal, "SIGSTOP"):
+        yield 0
+        return
+    with _STARTED_LOCK:
+        running = [p for p in _STARTED if p.poll() is None]
+    paused = []
+    for process in running:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(process.pid, signal.SIGSTOP)
+            paused.append(process)
+    try:
+        yield len(paused)
+    finally:
+        for process in paused:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(process.pid, signal.SIGCONT)
 
 
 class ChildUnavailable(Exception):
@@ -65,7 +110,7 @@ def start_module(
     child_environment(). Raises ChildUnavailable where no child can start."""
     python = python_executable()
     try:
-        return subprocess.Popen(
+        process = subprocess.Popen(
             [python, "-m", module, *args],
             stdin=stdin,
             stdout=stdout,
@@ -77,6 +122,7 @@ def start_module(
         )
     except (OSError, ValueError) as exc:
         raise ChildUnavailable(f"cannot start {python} ({exc})") from exc
+    return started(process)
 
 
 def run_module(

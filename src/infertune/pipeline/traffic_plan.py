@@ -1,0 +1,605 @@
+"""Tuning for the shapes traffic has (optimize(traffic=...)): buckets chosen by measurement.
+
+Two halves, as the pipeline has. With the model (`frame_traffic`, in the frame): the padding
+check (padding.py), the lengths every candidate will be measured at (spread over the
+traffic's lengths, its longest among them: the buckets' possible bounds), and at each, a
+request with the model's outputs on it, as at a few held-out lengths: what every bucket is
+verified against, kept in a package too. In the contest (`plan_buckets`), after the choice at
+the sample's shape:
+
+1. each of the fastest candidates that run any shape is timed at each length (interleaved,
+   the machine to itself), and, where it may run requests at their own lengths, on a stream
+   of the traffic's lengths (what switching between shapes costs it: an interpreter resized,
+   a compile);
+2. the buckets and a candidate per bucket that minimize the expected latency over the
+   traffic (dynamic programming over the measured lengths): a bucket pads its requests to
+   its bound, or runs them at their own length where that is faster; each bucket beyond the
+   first must save BUCKET_GAIN of the expected latency, and there are at most MAX_BUCKETS;
+3. the plan verified (each bucket at its bound, padded requests against the model's outputs)
+   and timed on held-out traffic against the best single candidate at exact shapes,
+   interleaved; a plan that is not faster there gives way to that candidate.
+
+A model whose outputs change under padding (padding.py) is served at exact shapes by the
+candidate fastest over the traffic's lengths.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..backends import Backend
+from ..errors import one_line
+from ..model.inputs import InputSignature
+from ..model.tolerance import compare_outputs
+from ..model.traffic import Traffic, shapes_at
+from ..report import CandidateResult
+from ..report.progress import Progress
+from ..result.buckets import Bucket, Buckets, bucketed
+from .exclusive import Exclusive
+from .padding import PaddingCheck, check_padding
+from .reference import Check
+from .timing import measure_interleaved
+
+__all__ = ["TrafficFrame", "TrafficPlan", "frame_traffic", "plan_buckets", "traffic_words"]
+
+# The quantiles of the traffic's lengths the candidates are measured at (the buckets'
+# possible bounds), the longest always among them.
+LENGTH_QUANTILES = (0.0, 0.1, 0.25, 0.5, 0.75, 0.9, 0.97, 1.0)
+MAX_BUCKETS = 6
+# A bucket beyond the first must save this share of the expected latency: each holds its
+# own prepared state (interpreters, a compile) and its own buffers.
+BUCKET_GAIN = 0.01
+# Candidates measured at the lengths: the fastest at the sample's shape, the choice among them.
+MEASURED = 4
+HELD_OUT = 0.25  # the share of the traffic kept for the plan's own timing
+HELD_OUT_MAX = 64  # requests of it timed, at most
+STREAM = 24  # requests in the stream that times each candidate's switching between lengths
+LENGTH_BUDGET_S = 0.4  # measurement at one length, every candidate
+PLAN_ROUNDS = 3  # rounds over the held-out stream, the plan against the best at exact shapes
+# A runtime that compiles for each new shape (XLA) runs buckets only: at their own lengths,
+# the traffic's requests would compile again and again.
+COMPILES_PER_SHAPE = ("tf-xla",)
+
+
+@dataclass
+class TrafficFrame:
+    """What the frame knows of the traffic, with the model: see the module's doc."""
+
+    traffic: Traffic
+    pad_values: tuple
+    dim_index: int | None  # the dimension buckets pad; None: served at exact shapes
+    padding: PaddingCheck | None
+    lengths: list[int] = field(default_factory=list)  # where candidates are measured
+    checks: dict[int, Check] = field(default_factory=dict)  # length -> request + outputs
+    held_out: list[int] = field(default_factory=list)  # rows of the traffic kept apart
+    why_exact: str = ""  # why the requests run at exact shapes, where they do
+
+
+@dataclass
+class TrafficPlan:
+    """What the contest made of the traffic: the buckets (None: exact shapes), and the
+    figures the report gives."""
+
+    buckets: Buckets | None
+    summary: dict
+
+
+def frame_traffic(
+    traffic: Traffic,
+    signature: InputSignature,
+    call: Callable[[list[np.ndarray]], list[np.ndarray]],
+    pad_values: tuple,
+    rtol: float,
+    atol: float,
+    progress: Progress,
+) -> TrafficFrame:
+    """The padding check, the lengths to measure at and the model's outputs there."""
+    rng = np.random.default_rng(11)
+    rows = rng.permutation(len(traffic))
+    held = sorted(rows[: max(1, int(len(traffic) * HELD_OUT))].tolist()) if len(traffic) > 3 else []
+    frame = TrafficFrame(traffic, pad_values, None, None, held_out=held)
+    if len(traffic.dims) != 1:
+        frame.why_exact = (
+            "buckets pad one free dimension; this model has "
+            f"{len(traffic.dims) or 'no'} free dimension{'s' if len(traffic.dims) != 1 else ''}"
+        )
+        return frame
+    planning = np.setdiff1d(np.arange(len(traffic)), held) if held else np.arange(len(traffic))
+    lengths = traffic.lengths(0)[planning]
+    frame.lengths = sorted(
+        {int(v) for v in np.quantile(lengths, LENGTH_QUANTILES, method="higher")}
+    )
+    with progress.timed("padding check", text="checking that padding changes no output"):
+        frame.padding = check_padding(call, signature, traffic, 0, pad_values, rtol, atol)
+    if frame.padding.exact:
+        frame.dim_index = 0
+    else:
+        frame.why_exact = frame.padding.reason
+    batch = int(np.median(traffic.batches))
+    held_lengths = sorted({int(traffic.lengths(0)[row]) for row in held})[:: max(1, len(held) // 4)]
+    with progress.timed("traffic checks", text="the model at the traffic's lengths"):
+        for n in dict.fromkeys([*frame.lengths, *held_lengths]):
+            x = signature.random_inputs(rng, shapes=shapes_at(signature, traffic.dims, batch, [n]))
+            frame.checks[n] = Check(f"a request of length {n}", x, call(x))
+    return frame
+
+
+def plan_buckets(
+    frame: TrafficFrame,
+    signature: InputSignature,
+    results: list[CandidateResult],
+    contenders: dict[str, Backend],
+    chosen: str,
+    rtol: float,
+    atol: float,
+    progress: Progress,
+    exclusive: Exclusive | None,
+) -> TrafficPlan:
+    """The buckets for the traffic (see the module's doc), or the best candidate at exact
+    shapes where buckets do not win (or padding is not exact)."""
+    traffic = frame.traffic
+    summary: dict = {"traffic": traffic.describe(), "requests": len(traffic)}
+    if not frame.lengths:
+        summary["exact_only"] = frame.why_exact
+        return TrafficPlan(None, summary)
+    names = _measured_names(results, contenders, chosen)
+    with progress.timed("lengths", text="timing the candidates at the traffic's lengths"):
+        costs = _costs_at_lengths(frame, signature, names, contenders, progress, exclusive)
+    exact_ok = [n for n in names if n in costs and not n.startswith(COMPILES_PER_SHAPE)]
+    with progress.timed("switching", text="timing each candidate on a stream of lengths"):
+        switch = _switching_costs(frame, signature, exact_ok, contenders, costs, exclusive)
+    planning = _planning_lengths(frame)
+    summary.update(
+        lengths=frame.lengths,
+        histogram=_histogram(traffic.lengths(0)),
+        p50_ms={n: costs[n].tolist() for n in costs},
+        switch_ms=switch,
+    )
+    padding_ok = frame.dim_index is not None
+    plan = _best_plan(frame.lengths, planning, costs, switch, exact_ok, padding_ok)
+    single = _best_single(planning, frame.lengths, costs, switch, exact_ok)
+    padded_max = min(
+        ((n, float(c[-1])) for n, c in costs.items() if not math.isnan(c[-1])),
+        key=lambda pair: pair[1], default=(None, math.nan),
+    )  # fmt: skip
+    summary.update(
+        expected=_expected(plan, planning, frame.lengths, costs, switch),
+        exact_single={"candidate": single[0], "mean_ms": single[1]},
+        padded_to_max={"candidate": padded_max[0], "mean_ms": padded_max[1]},
+        padding=frame.padding.to_dict() if frame.padding else None,
+        exact_only=frame.why_exact or None,
+        waste=_waste(plan, planning),
+    )
+    if single[0] is None:
+        summary["kept"] = "no candidate ran the traffic's lengths"
+        return TrafficPlan(None, summary)
+    buckets = _buckets(plan, contenders, frame, single[0])
+    problem = _verify(buckets, frame, rtol, atol)
+    if problem is not None:
+        summary["kept"] = (
+            f"exact shapes by {single[0]}: the buckets failed verification ({problem})"
+        )
+        return TrafficPlan(_exact_buckets(contenders[single[0]], frame), summary)
+    held = _held_out_timing(buckets, contenders[single[0]], frame, signature, progress, exclusive)
+    summary["held_out"] = held
+    if held is not None and held["plan_ms"] >= held["exact_ms"]:
+        summary["kept"] = (
+            f"exact shapes by {single[0]}: on held-out traffic the buckets ran "
+            f"{held['plan_ms']:.4g} ms a request against its {held['exact_ms']:.4g}"
+        )
+        return TrafficPlan(_exact_buckets(contenders[single[0]], frame), summary)
+    summary["kept"] = "the buckets"
+    summary["buckets"] = [
+        {
+            "upper": b.upper, "candidate": b.backend.name, "padded": b.padded,
+            "share": float(np.mean((planning <= b.upper) & (planning > low))),
+            "p50_ms": float(costs[b.backend.name][frame.lengths.index(b.upper)]),
+        }
+        for b, low in zip(buckets.buckets, [0, *(b.upper for b in buckets.buckets[:-1])])
+    ]  # fmt: skip
+    return TrafficPlan(buckets, summary)
+
+
+# -- measuring ------------------------------------------------------------------------------
+def _measured_names(
+    results: list[CandidateResult], contenders: dict[str, Backend], chosen: str
+) -> list[str]:
+    """The MEASURED fastest candidates that run any shape (by p50 at the sample's), the
+    choice among them."""
+    ranked = sorted(
+        (r for r in results if r.name in contenders and r.latency is not None
+         and contenders[r.name].exact_shapes is None),
+        key=lambda r: r.latency.p50,
+    )  # fmt: skip
+    names = [r.name for r in ranked[:MEASURED]]
+    if chosen in contenders and chosen not in names and contenders[chosen].exact_shapes is None:
+        names[-1:] = [chosen]
+    return names
+
+
+def _request(frame: TrafficFrame, signature: InputSignature, n: int) -> list[np.ndarray]:
+    return (
+        frame.checks[n].inputs
+        if n in frame.checks
+        else signature.random_inputs(
+            np.random.default_rng(n),
+            shapes=shapes_at(
+                signature, frame.traffic.dims, int(np.median(frame.traffic.batches)), [n]
+            ),
+        )
+    )
+
+
+def _costs_at_lengths(
+    frame: TrafficFrame,
+    signature: InputSignature,
+    names: list[str],
+    contenders: dict[str, Backend],
+    progress: Progress,
+    exclusive: Exclusive | None,
+) -> dict[str, np.ndarray]:
+    """p50 ms of each candidate at each length (nan where it failed there), all of them
+    timed together at each length, the machine to themselves."""
+    costs = {name: np.full(len(frame.lengths), np.nan) for name in names}
+    for j, n in enumerate(frame.lengths):
+        x = _request(frame, signature, n)
+        runners = {}
+        for name in names:
+            run = contenders[name].run
+            try:
+                run(x)  # a new shape's first call: a compile, an allocation
+            except Exception:
+                continue
+            runners[name] = lambda run=run, x=x: run(x)
+        progress.stage(f"timing {len(runners)} candidates at length {n}", log=False)
+        guard = exclusive.timing() if exclusive is not None else _nothing()
+        with guard:
+            measured = measure_interleaved(
+                runners, budget_s=LENGTH_BUDGET_S, min_rounds=3,
+                cooldown_s={name: contenders[name].cooldown_s for name in runners},
+            )  # fmt: skip
+        for name, stats in measured.stats.items():
+            costs[name][j] = stats.p50
+    return {name: c for name, c in costs.items() if not np.isnan(c).all()}
+
+
+def _switching_costs(
+    frame: TrafficFrame,
+    signature: InputSignature,
+    names: list[str],
+    contenders: dict[str, Backend],
+    costs: dict[str, np.ndarray],
+    exclusive: Exclusive | None,
+) -> dict[str, float]:
+    """ms a call costs each candidate beyond its steady time at the call's length, where the
+    lengths change from call to call (a stream of the traffic's): an interpreter resized at
+    each new shape, caches filled again."""
+    planning = _planning_lengths(frame)
+    rng = np.random.default_rng(3)
+    stream_lengths = rng.choice(planning, size=min(STREAM, len(planning)), replace=False)
+    batch = int(np.median(frame.traffic.batches))
+    stream = [
+        signature.random_inputs(rng, shapes=shapes_at(signature, frame.traffic.dims, batch, [n]))
+        for n in stream_lengths
+    ]
+    switch = {}
+    guard = exclusive.timing() if exclusive is not None else _nothing()
+    with guard:
+        for name in names:
+            run = contenders[name].run
+            try:
+                for x in stream:  # warm: every length seen once
+                    run(x)
+                start = time.perf_counter()
+                for x in stream:
+                    run(x)
+                mean_ms = (time.perf_counter() - start) * 1e3 / len(stream)
+            except Exception:
+                continue
+            steady = float(np.mean(_interpolated(frame.lengths, costs[name], stream_lengths)))
+            switch[name] = max(0.0, mean_ms - steady)
+    return switch
+
+
+def _nothing() -> contextlib.AbstractContextManager:
+    return contextlib.nullcontext()
+
+
+# -- planning -------------------------------------------------------------------------------
+def _planning_lengths(frame: TrafficFrame) -> np.ndarray:
+    rows = np.setdiff1d(np.arange(len(frame.traffic)), frame.held_out)
+    if not len(rows):
+        rows = np.arange(len(frame.traffic))
+    return frame.traffic.lengths(0)[rows]
+
+
+def _interpolated(points: list[int], values: np.ndarray, at: np.ndarray) -> np.ndarray:
+    """Values at `at`, linear between the measured points (and beyond, by the last two)."""
+    xs, ys = np.asarray(points, float), np.asarray(values, float)
+    ok = ~np.isnan(ys)
+    xs, ys = xs[ok], ys[ok]
+    if len(xs) == 1:
+        return np.full(len(at), ys[0])
+    result = np.interp(at, xs, ys)
+    high = at > xs[-1]
+    slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])
+    result[high] = ys[-1] + slope * (at[high] - xs[-1])
+    return result
+
+
+@dataclass
+class _Choice:
+    """One bucket of a plan: (low, upper], its candidate, padded or at own length, cost."""
+
+    low: int
+    upper: int
+    name: str
+    padded: bool
+    cost: float  # ms, summed over the planning requests in it
+
+
+def _bucket_options(
+    low: int,
+    upper: int,
+    j: int,
+    planning: np.ndarray,
+    points: list[int],
+    costs: dict[str, np.ndarray],
+    switch: dict[str, float],
+    exact_ok: list[str],
+    padding_ok: bool,
+) -> _Choice | None:
+    """The cheapest way to serve the planning requests in (low, upper]."""
+    inside = planning[(planning > low) & (planning <= upper)]
+    if not len(inside):
+        return _Choice(low, upper, next(iter(costs)), padding_ok, 0.0)
+    best = None
+    for name, at in costs.items():
+        options = []
+        if padding_ok and not math.isnan(at[j]):
+            options.append((True, len(inside) * float(at[j])))
+        if name in exact_ok and name in switch:
+            steady = _interpolated(points, at, inside.astype(float))
+            options.append((False, float(np.sum(steady)) + len(inside) * switch[name]))
+        for pad, cost in options:
+            if best is None or cost < best.cost:
+                best = _Choice(low, upper, name, pad, cost)
+    return best
+
+
+def _best_plan(
+    points: list[int],
+    planning: np.ndarray,
+    costs: dict[str, np.ndarray],
+    switch: dict[str, float],
+    exact_ok: list[str],
+    padding_ok: bool,
+) -> list[_Choice]:
+    """The buckets (bounds among `points`) and their candidates of least expected latency,
+    each bucket after the first saving BUCKET_GAIN of it, at most MAX_BUCKETS."""
+    k = len(points)
+    bounds = [0, *points]
+    # best[b][j]: (cost, plan) covering lengths up to points[j-1] with b buckets.
+    best: list[list[tuple[float, list[_Choice]] | None]] = [
+        [None] * (k + 1) for _ in range(MAX_BUCKETS + 1)
+    ]
+    best[0][0] = (0.0, [])
+    for b in range(1, MAX_BUCKETS + 1):
+        for j in range(1, k + 1):
+            for i in range(j):
+                previous = best[b - 1][i]
+                if previous is None:
+                    continue
+                option = _bucket_options(
+                    bounds[i], bounds[j], j - 1, planning, points, costs, switch, exact_ok,
+                    padding_ok,
+                )  # fmt: skip
+                if option is None:
+                    continue
+                total = previous[0] + option.cost
+                if best[b][j] is None or total < best[b][j][0]:
+                    best[b][j] = (total, [*previous[1], option])
+    plans = [best[b][k] for b in range(1, MAX_BUCKETS + 1) if best[b][k] is not None]
+    if not plans:
+        return []
+    chosen = plans[0]
+    for plan in plans[1:]:
+        gained = chosen[0] - plan[0]
+        if gained > BUCKET_GAIN * chosen[0] * (len(plan[1]) - len(chosen[1])):
+            chosen = plan
+    return _merged(chosen[1])
+
+
+def _merged(plan: list[_Choice]) -> list[_Choice]:
+    """Neighbouring buckets that run their requests at their own lengths by one candidate
+    are one bucket."""
+    merged: list[_Choice] = []
+    for choice in plan:
+        last = merged[-1] if merged else None
+        if last and not last.padded and not choice.padded and last.name == choice.name:
+            merged[-1] = _Choice(last.low, choice.upper, last.name, False, last.cost + choice.cost)
+        else:
+            merged.append(choice)
+    return merged
+
+
+def _best_single(
+    planning: np.ndarray,
+    points: list[int],
+    costs: dict[str, np.ndarray],
+    switch: dict[str, float],
+    exact_ok: list[str],
+) -> tuple[str | None, float]:
+    """The candidate of least expected latency at the requests' own lengths, and that mean."""
+    best: tuple[str | None, float] = (None, math.inf)
+    for name in exact_ok:
+        if name not in switch:
+            continue
+        mean = float(np.mean(_interpolated(points, costs[name], planning.astype(float))))
+        mean += switch[name]
+        if mean < best[1]:
+            best = (name, mean)
+    return best
+
+
+def _expected(
+    plan: list[_Choice],
+    planning: np.ndarray,
+    points: list[int],
+    costs: dict[str, np.ndarray],
+    switch: dict[str, float],
+) -> dict:
+    """The plan's expected mean and p99 ms per request over the planning traffic."""
+    per_request = np.zeros(len(planning))
+    for choice in plan:
+        inside = (planning > choice.low) & (planning <= choice.upper)
+        at = costs[choice.name]
+        if choice.padded:
+            per_request[inside] = at[points.index(choice.upper)]
+        else:
+            steady = _interpolated(points, at, planning[inside].astype(float))
+            per_request[inside] = steady + switch.get(choice.name, 0.0)
+    return {"mean_ms": float(per_request.mean()), "p99_ms": float(np.percentile(per_request, 99))}
+
+
+def _waste(plan: list[_Choice], planning: np.ndarray) -> float:
+    """The share of the padded requests' positions that are padding."""
+    real = padded_total = 0
+    for choice in plan:
+        inside = planning[(planning > choice.low) & (planning <= choice.upper)]
+        real += int(inside.sum())
+        padded_total += choice.upper * len(inside) if choice.padded else int(inside.sum())
+    return 1.0 - real / padded_total if padded_total else 0.0
+
+
+def _histogram(lengths: np.ndarray, bins: int = 24) -> dict:
+    counts, edges = np.histogram(lengths, bins=min(bins, max(1, len(np.unique(lengths)))))
+    return {"counts": counts.tolist(), "edges": edges.tolist()}
+
+
+# -- the plan as buckets, verified and timed ------------------------------------------------
+def _buckets(
+    plan: list[_Choice], contenders: dict[str, Backend], frame: TrafficFrame, beyond: str
+) -> Buckets:
+    padding = frame.padding
+    traffic = frame.traffic
+    return Buckets(
+        traffic.dims[0],
+        [Bucket(c.upper, contenders[c.name], c.padded) for c in plan],
+        contenders[beyond],
+        frame.pad_values,
+        padding.sliced if padding is not None else (),
+    )
+
+
+def _exact_buckets(backend: Backend, frame: TrafficFrame) -> Buckets:
+    """Every request at its own length by one candidate (no padding): one bucket."""
+    padding = frame.padding
+    return Buckets(
+        frame.traffic.dims[0], [], backend, frame.pad_values,
+        padding.sliced if padding is not None else (),
+    )  # fmt: skip
+
+
+def _verify(buckets: Buckets, frame: TrafficFrame, rtol: float, atol: float) -> str | None:
+    """Every stored request (each bucket's bound, held-out lengths) through the buckets
+    against the model's outputs on it; None where all match, else what failed."""
+    run = bucketed(buckets)
+    for n, check in frame.checks.items():
+        try:
+            got = run(check.inputs)
+        except Exception as exc:
+            return f"length {n}: {one_line(exc)}"
+        comparison = compare_outputs(got, check.reference, rtol, atol)
+        if not comparison:
+            bucket = buckets.bucket_for(n)
+            who = bucket.backend.name if bucket else buckets.beyond.name
+            return f"length {n} by {who}: {comparison.reason}"
+    return None
+
+
+def _held_out_timing(
+    buckets: Buckets,
+    exact: Backend,
+    frame: TrafficFrame,
+    signature: InputSignature,
+    progress: Progress,
+    exclusive: Exclusive | None,
+) -> dict | None:
+    """The plan and the best single candidate at exact shapes timed on the held-out requests
+    (at most HELD_OUT_MAX), in PLAN_ROUNDS rounds alternating which goes first: mean ms a
+    request of each."""
+    rows = frame.held_out[:HELD_OUT_MAX]
+    if not rows:
+        return None
+    traffic = frame.traffic
+    rng = np.random.default_rng(5)
+    stream = [
+        traffic.requests[row] if traffic.requests is not None
+        else signature.random_inputs(rng, shapes=traffic.shapes(row, signature))
+        for row in rows
+    ]  # fmt: skip
+    plan_run, exact_run = bucketed(buckets), exact.run
+    totals = {"plan": 0.0, "exact": 0.0}
+    text = f"timing the buckets against {exact.name} on {len(rows)} held-out requests"
+    guard = exclusive.timing() if exclusive is not None else _nothing()
+    with progress.timed("held-out traffic", text=text), guard:
+        for x in stream:  # warm: each runtime has seen every shape once
+            plan_run(x)
+            exact_run(x)
+        for r in range(PLAN_ROUNDS):
+            order = [("plan", plan_run), ("exact", exact_run)]
+            for name, run in order if r % 2 == 0 else order[::-1]:
+                start = time.perf_counter()
+                for x in stream:
+                    run(x)
+                totals[name] += time.perf_counter() - start
+    calls = PLAN_ROUNDS * len(stream)
+    return {
+        "requests": len(stream),
+        "plan_ms": totals["plan"] * 1e3 / calls,
+        "exact_ms": totals["exact"] * 1e3 / calls,
+        "exact": exact.name,
+    }
+
+
+def traffic_words(plan: TrafficPlan) -> str:
+    """The plan in one line: the traffic, the buckets (or why exact shapes), the expected
+    mean against the best single candidate at exact shapes and against padding to the
+    longest, and the held-out timing."""
+    s = plan.summary
+    words = [f"traffic: {s['traffic']}"]
+    if plan.buckets is None or not plan.buckets.buckets:
+        who = plan.buckets.beyond.name if plan.buckets is not None else "the choice above"
+        why = s.get("kept") or s.get("exact_only")
+        words.append(f"every request at its own length by {who}: {why}")
+    else:
+        low = 0
+        parts = []
+        for bucket in plan.buckets.buckets:
+            how = f"padded to {bucket.upper}" if bucket.padded else "at its own length"
+            parts.append(f"({low}, {bucket.upper}] {bucket.backend.name} {how}")
+            low = bucket.upper
+        parts.append(f"longer: {plan.buckets.beyond.name}")
+        words.append("buckets " + "; ".join(parts))
+    expected = s.get("expected")
+    if expected:
+        single, to_max = s["exact_single"], s["padded_to_max"]
+        words.append(
+            f"expected {expected['mean_ms']:.4g} ms a request (p99 {expected['p99_ms']:.4g}); "
+            f"best at exact shapes {single['candidate']} {single['mean_ms']:.4g} ms; padded to "
+            f"the longest {to_max['candidate']} {to_max['mean_ms']:.4g} ms"
+        )
+    held = s.get("held_out")
+    if held:
+        words.append(
+            f"held-out traffic ({held['requests']} requests): {held['plan_ms']:.4g} ms a "
+            f"request against {held['exact']} at exact shapes {held['exact_ms']:.4g} ms"
+        )
+    return "; ".join(words)
