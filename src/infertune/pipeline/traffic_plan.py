@@ -179,6 +179,9 @@ def plan_buckets(
     if single[0] is None:
         summary["kept"] = "no candidate ran the traffic's lengths"
         return TrafficPlan(None, summary)
+    if all(not c.padded and c.name == single[0] for c in plan):
+        summary["kept"] = f"every request at its own length by {single[0]}"
+        return TrafficPlan(_exact_buckets(contenders[single[0]], frame), summary)
     buckets = _buckets(plan, contenders, frame, single[0])
     problem = _verify(buckets, frame, rtol, atol)
     if problem is not None:
@@ -575,10 +578,13 @@ def traffic_words(plan: TrafficPlan) -> str:
     longest, and the held-out timing."""
     s = plan.summary
     words = [f"traffic: {s['traffic']}"]
+    if s.get("exact_only"):
+        words.append(f"padding not used: {s['exact_only']}")
     if plan.buckets is None or not plan.buckets.buckets:
         who = plan.buckets.beyond.name if plan.buckets is not None else "the choice above"
-        why = s.get("kept") or s.get("exact_only")
-        words.append(f"every request at its own length by {who}: {why}")
+        words.append(f"every request at its own length by {who}")
+        if s.get("kept") and not s["kept"].startswith("every request"):
+            words.append(s["kept"])
     else:
         low = 0
         parts = []

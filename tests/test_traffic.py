@@ -1,0 +1,190 @@
+"""optimize(traffic=...): the traffic read and checked, padding proven exact per model,
+buckets planned from measured costs, and requests dispatched through them (tiny models:
+tests/traffic_models.py)."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+from helpers import needs_onnxruntime
+from traffic_models import lossy_encoder, masked_encoder, request, traffic
+
+import infertune
+from infertune.errors import InputError, OptionError
+from infertune.model.inputs import build_signature
+from infertune.model.traffic import read_traffic
+from infertune.pipeline.padding import check_padding, pad_values_for
+from infertune.pipeline.traffic_plan import _best_plan
+from infertune.result.buckets import Bucket, Buckets, bucketed
+
+pytestmark = needs_onnxruntime
+
+
+@pytest.fixture(scope="module")
+def encoder():
+    return masked_encoder()
+
+
+def _signature(model, sample):
+    from infertune.model.source import load_model
+
+    source = load_model(model)
+    signature, _ = build_signature(sample, source.declared_inputs, source.default_float)
+    return source, signature
+
+
+def _close(got: dict, model, x: dict) -> None:
+    want = model(x)
+    for key in want:
+        # float32 round-off of two attention blocks, as every exact runtime verifies
+        np.testing.assert_allclose(got[key], np.asarray(want[key]), rtol=1e-4, atol=1e-5)
+
+
+# -- reading the traffic ----------------------------------------------------------------------
+def test_the_free_dimension_is_found_and_shared_by_ids_and_mask(encoder):
+    _, signature = _signature(encoder, request(8))
+    read = read_traffic(traffic(40), signature)
+    assert [d.name for d in read.dims] == ["length"]
+    assert sorted(read.dims[0].members) == [(0, 1), (1, 1)]  # both inputs' axis 1, one length
+    assert len(read) == 40 and read.batches.tolist() == [1] * 40
+    shapes = read_traffic([((1, 7), (1, 7)), ((2, 30), (2, 30))], signature)
+    assert shapes.lengths(0).tolist() == [7, 30] and shapes.batches.tolist() == [1, 2]
+
+
+def test_bad_traffic_is_refused_before_any_long_work(encoder):
+    x = request(8)
+    cases = [
+        ([], OptionError, "traffic is empty"),
+        (np.zeros((3, 8)), OptionError, "list of requests"),
+        ([request(5), {"token_ids": np.zeros((1, 5, 2), "int32"), "padding_mask": x["padding_mask"]}],  # noqa: E501
+         InputError, r"traffic\[1\].*rank 3"),
+        ([{"token_ids": np.zeros((1, 5), "float32"), "padding_mask": np.ones((1, 5), "int32")}],
+         InputError, r"traffic\[0\].*float32"),
+        ([request(5), ((1, 5), (1, 5))], OptionError, "same way"),
+    ]  # fmt: skip
+    for given, error, words in cases:
+        with pytest.raises(error, match=words):
+            infertune.optimize(encoder, x, traffic=given, verbose=False)
+    # Named as one dimension, ids and mask must share their length in every request.
+    one = {"length": ["token_ids:1", "padding_mask:1"]}
+    with pytest.raises(InputError, match="differ in size"):
+        infertune.optimize(encoder, x, traffic=[((1, 5), (1, 6))], free_dims=one, verbose=False)
+    with pytest.raises(OptionError, match="pad_value= applies to traffic="):
+        infertune.optimize(encoder, x, pad_value=1, verbose=False)
+    with pytest.raises(OptionError, match="not free"):
+        infertune.optimize(
+            encoder, x, traffic=traffic(10), free_dims={"n": ["token_ids:0"]}, verbose=False
+        )
+
+
+# -- padding proven exact ---------------------------------------------------------------------
+def test_padding_a_masked_encoder_is_exact_and_its_sequence_output_is_cut_back(encoder):
+    source, signature = _signature(encoder, request(8))
+    read = read_traffic(traffic(60), signature)
+    check = check_padding(
+        lambda flat: source.call_flat(signature, flat)[0], signature, read, 0,
+        pad_values_for(0, signature), 1e-3, 1e-5,
+    )  # fmt: skip
+    assert check.exact, check.reason
+    # The outputs, flat in the model's order (pooled, sequence): the sequence's axis 1.
+    assert check.sliced == ((1, 1),)
+    assert check.batch_exact
+    assert len(check.checked) >= 3
+
+
+def test_a_model_whose_outputs_change_under_padding_is_refused_padding_with_the_cause():
+    model = lossy_encoder()
+    ids = np.random.default_rng(0).integers(1, 50, (1, 9)).astype("int32")
+    source, signature = _signature(model, ids)
+    rng = np.random.default_rng(1)
+    read = read_traffic([ids[:, : int(n)] for n in rng.integers(3, 10, 30)], signature)
+    check = check_padding(
+        lambda flat: source.call_flat(signature, flat)[0], signature, read, 0,
+        pad_values_for(0, signature), 1e-3, 1e-5,
+    )  # fmt: skip
+    assert not check.exact
+    assert "changed the outputs" in check.reason and "padding mask" in check.reason
+    assert check.max_rel_err > 1e-2
+    opt = infertune.optimize(
+        model, ids, traffic=[ids[:, : int(n)] for n in rng.integers(3, 10, 30)],
+        backends=["onnxruntime-cpu"], verbose=False,
+    )  # fmt: skip
+    note = next(n for n in opt.report.notes if n.startswith("traffic:"))
+    assert "every request at its own length" in note and "padding mask" in note
+    for n in (3, 7, 12):
+        x = ids[:, :n] if n <= 9 else np.tile(ids, (1, 2))[:, :n]
+        np.testing.assert_allclose(opt(x), np.asarray(model(x)), rtol=1e-4, atol=1e-5)
+
+
+# -- planning ---------------------------------------------------------------------------------
+def test_the_plan_pads_where_that_is_faster_and_runs_exact_lengths_where_that_is():
+    """Costs as measured: "fixed" is fast at a bound but cannot switch shapes cheaply (an
+    interpreter resized), "free" runs any length at a cost that grows with it."""
+    points = [8, 16, 32, 64]
+    planning = np.array([4, 6, 8, 10, 12, 14, 16] * 10 + [40, 60])
+    costs = {"fixed": np.array([1.0, 1.2, 1.6, 2.4]), "free": np.array([1.5, 2.0, 3.0, 5.0])}
+    switch = {"fixed": 5.0, "free": 0.0}
+    plan = _best_plan(points, planning, costs, switch, ["fixed", "free"], padding_ok=True)
+    assert [(c.upper, c.name, c.padded) for c in plan][:2] == [
+        (8, "fixed", True),
+        (16, "fixed", True),
+    ]
+    assert plan[-1].upper == 64
+    # Without padding (not exact for the model): the requests at their own lengths only.
+    exact = _best_plan(points, planning, costs, switch, ["fixed", "free"], padding_ok=False)
+    assert all(not c.padded for c in exact) and {c.name for c in exact} == {"free"}
+    # A bucket that saves nothing is not made: one cost everywhere, one bucket.
+    flat = {"free": np.array([1.0, 1.0, 1.0, 1.0])}
+    assert len(_best_plan(points, planning, flat, {"free": 0.0}, ["free"], True)) == 1
+
+
+# -- dispatch ---------------------------------------------------------------------------------
+def test_requests_pad_into_their_bucket_and_come_back_at_their_length(encoder):
+    """Buckets given (not measured): each request of the traffic, and one longer than any
+    bucket, through the dispatch, against the model itself."""
+    from helpers import prepared_backend
+
+    from infertune.backends.onnxruntime.cpu import OnnxRuntimeCpu
+    from infertune.model.traffic import FreeDim
+
+    backend, signature = prepared_backend(OnnxRuntimeCpu(), encoder, request(8))
+    dim = FreeDim("length", ((0, 1), (1, 1)))
+    buckets = Buckets(
+        dim, [Bucket(8, backend, True), Bucket(20, backend, True), Bucket(32, backend, False)],
+        backend, pad_values_for(0, signature), ((1, 1),),
+    )  # fmt: skip
+    run = bucketed(buckets)
+    for n in (1, 5, 8, 9, 17, 20, 25, 45):
+        x = request(n, seed=n)
+        pooled, sequence = run(signature.flatten(x))
+        assert sequence.shape == (1, n, 16)
+        _close({"pooled": pooled, "sequence": sequence}, encoder, x)
+
+
+@pytest.mark.slow
+def test_a_saved_bucketed_result_loads_and_serves_threads(encoder, tmp_path):
+    opt = infertune.optimize(
+        encoder, request(12), traffic=traffic(80), backends=["onnxruntime-cpu", "litert"],
+        verbose=False,
+    )  # fmt: skip
+    note = next(n for n in opt.report.notes if n.startswith("traffic:"))
+    assert "80 requests" in note
+    loaded = infertune.load(opt.save(tmp_path / "saved"), verbose=False)
+    lengths = [2, 6, 11, 19, 33, 47, 90]  # 90: longer than any request seen
+    requests = [request(n, seed=n) for n in lengths for _ in range(4)]
+    results: dict[int, dict] = {}
+
+    def serve(offset: int) -> None:
+        for i in range(offset, len(requests), 4):
+            results[i] = loaded(requests[i])
+
+    threads = [threading.Thread(target=serve, args=(k,)) for k in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(results) == len(requests)
+    for i, x in enumerate(requests):
+        _close(results[i], encoder, x)
