@@ -188,3 +188,28 @@ def test_a_saved_bucketed_result_loads_and_serves_threads(encoder, tmp_path):
     assert len(results) == len(requests)
     for i, x in enumerate(requests):
         _close(results[i], encoder, x)
+
+
+@pytest.mark.slow
+def test_a_package_carries_the_traffic_and_is_tuned_without_the_model(encoder, tmp_path):
+    """The padding check and the model's outputs at the traffic's lengths are made where the
+    model is; tuning from the package plans the buckets from them, with the same checks."""
+    path = infertune.package(encoder, request(12), tmp_path / "pkg", traffic=traffic(60),
+                             verbose=False)  # fmt: skip
+    opt = infertune.optimize(path, backends=["onnxruntime-cpu", "litert"], verbose=False)
+    note = next(n for n in opt.report.notes if n.startswith("traffic:"))
+    assert "60 requests" in note
+    for n in (3, 14, 40, 70):
+        x = request(n, seed=n)
+        _close(opt(x), encoder, x)
+
+
+@pytest.mark.slow
+def test_the_tuning_cache_keeps_the_buckets_and_keys_on_the_traffic(encoder, tmp_path):
+    kwargs = dict(backends=["onnxruntime-cpu"], cache=tmp_path / "cache", verbose=False)
+    first = infertune.optimize(encoder, request(12), traffic=traffic(40), **kwargs)
+    again = infertune.optimize(encoder, request(12), traffic=traffic(40), **kwargs)
+    assert again.report.from_cache
+    assert again._choice.to_dict().get("buckets") == first._choice.to_dict().get("buckets")
+    other = infertune.optimize(encoder, request(12), traffic=traffic(40, seed=5), **kwargs)
+    assert not other.report.from_cache  # another distribution: another key

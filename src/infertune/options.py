@@ -18,6 +18,7 @@ from .accuracy import Accuracy
 from .backends import Backend
 from .backends.registry import BACKENDS
 from .errors import OptionError
+from .model.traffic import Traffic
 from .system import settings
 
 __all__ = [
@@ -180,6 +181,8 @@ class Options:
             saved["traffic"] = self.traffic_digest
             saved["pad_value"] = self.pad_value
             saved["free_dims"] = self.free_dims
+            if isinstance(self.traffic, Traffic):  # its sizes: a re-tune reads them again
+                saved["traffic_sizes"] = self.traffic.to_dict()
         return saved
 
     @classmethod
@@ -195,6 +198,9 @@ class Options:
             latency_budget_ms=saved.get("latency_budget_ms"),
             concurrency=saved.get("concurrency", 1),
             reference=saved.get("reference", "eager"),
+            traffic=Traffic.from_dict(saved["traffic_sizes"]) if "traffic_sizes" in saved else None,
+            pad_value=saved.get("pad_value", 0),
+            free_dims=saved.get("free_dims"),
         )
 
     @property

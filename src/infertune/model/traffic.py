@@ -118,7 +118,13 @@ def read_traffic(
     traffic: Any, signature: InputSignature, free_dims: Mapping[str, Any] | None = None
 ) -> Traffic:
     """The traffic read and checked against the model's inputs: InputError or OptionError,
-    naming the request, before any long work."""
+    naming the request, before any long work. A Traffic (a saved result's, read before)
+    is taken as it is, its dimensions checked against the signature."""
+    if isinstance(traffic, Traffic):
+        free = set(_free_axes(signature))
+        if any(member not in free for dim in traffic.dims for member in dim.members):
+            raise OptionError("the traffic's free dimensions are not the model's.")
+        return traffic
     if isinstance(traffic, np.ndarray | str | bytes | Mapping) or not isinstance(traffic, Sequence):
         raise OptionError(
             f"traffic must be a list of requests (each as the model takes it, or its shapes). "

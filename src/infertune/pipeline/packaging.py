@@ -50,6 +50,7 @@ from ..model.inputs import InputSignature
 from ..model.outputs import OutputSignature
 from ..model.structure import Structure
 from ..model.target import Target
+from ..model.traffic import Traffic
 from ..options import DEFAULTS, Options
 from ..precision.data import LabelledBatch, arrays_batches, batches_arrays, numbered
 from ..precision.gate import PrecisionData
@@ -60,8 +61,10 @@ from ..result.saved import check_target, file_sha256
 from ..system.environment import collect_environment
 from .contest import contest
 from .frame import Frame, Model, frame_model
+from .padding import PaddingCheck
 from .planning import Probe
 from .reference import Check, tuned_batch_sizes
+from .traffic_plan import TrafficFrame
 
 __all__ = ["FORMAT", "FORMAT_VERSION", "Package", "is_package", "make_package", "tune_package"]
 
@@ -102,6 +105,11 @@ def make_package(model: Model, options: Options, path: Path, progress: Progress)
     try:
         conversions = _write_conversions(target, options, path, progress, data.calibration)
         _write_arrays(path / "data" / "checks.npz", _check_arrays(checks))
+        traffic = frame.traffic
+        if traffic is not None:
+            _write_arrays(
+                path / "data" / "traffic.npz", _check_arrays(list(traffic.checks.values()))
+            )
         if data.calibration:
             arrays = batches_arrays("in", data.calibration) | batches_arrays(
                 "ref", data.calibration_reference
@@ -134,6 +142,7 @@ def make_package(model: Model, options: Options, path: Path, progress: Progress)
                 "checks": planned.checks,
             },  # fmt: skip
             "checks": [c.label for c in checks],
+            "traffic": _traffic_manifest(traffic) if traffic is not None else None,
             "conversions": conversions,
             "needs_tensorflow": needs_tensorflow,
             "environment": collect_environment(),
@@ -176,6 +185,26 @@ def _write_conversions(
                 "rewrites": list(value.rewrites),
             }
     return written
+
+
+def _traffic_manifest(traffic: TrafficFrame) -> dict:
+    """What tuning from the package needs of the traffic: the requests' sizes, the pad values,
+    the padding check, the lengths to measure at and the held-out rows; the requests at each
+    length with the model's outputs are in data/traffic.npz, in the order of `checked`."""
+    return {
+        "traffic": traffic.traffic.to_dict(),
+        "pad_values": [_plain(v) for v in traffic.pad_values],
+        "dim_index": traffic.dim_index,
+        "padding": traffic.padding.to_dict() if traffic.padding is not None else None,
+        "lengths": traffic.lengths,
+        "checked": list(traffic.checks),
+        "held_out": traffic.held_out,
+        "why_exact": traffic.why_exact,
+    }
+
+
+def _plain(value: Any) -> Any:
+    return value.item() if isinstance(value, np.generic) else value
 
 
 def _check_arrays(checks: list[Check]) -> dict[str, np.ndarray]:
@@ -339,8 +368,32 @@ class Package:
         return Frame(
             f"{manifest['model']} (package)", signature, checks[0].inputs, target, checks,
             OutputSignature.from_dict(manifest["outputs"]), planned,
-            package_candidates(options), batch_sizes, precision, notes=[note],
+            package_candidates(options), batch_sizes, precision, traffic=self.traffic(),
+            notes=[note],
         )  # fmt: skip
+
+    def traffic(self) -> TrafficFrame | None:
+        """The traffic as the frame left it, from the manifest and data/traffic.npz."""
+        stored = self.manifest.get("traffic")
+        if not stored:
+            return None
+        arrays = self.arrays("traffic")
+        checks = {
+            int(n): Check(f"a request of length {n}", numbered(arrays, f"in_{i}"),
+                          numbered(arrays, f"ref_{i}"))
+            for i, n in enumerate(stored["checked"])
+        }  # fmt: skip
+        padding = stored["padding"]
+        return TrafficFrame(
+            Traffic.from_dict(stored["traffic"]),
+            tuple(stored["pad_values"]),
+            stored["dim_index"],
+            PaddingCheck.from_dict(padding) if padding else None,
+            [int(n) for n in stored["lengths"]],
+            checks,
+            [int(r) for r in stored["held_out"]],
+            stored["why_exact"],
+        )
 
 
 # -- tuning one ------------------------------------------------------------------------------
@@ -414,7 +467,14 @@ def package_options(package: Package, given: dict) -> Options:
         reference=values.reference,
         **here,
     )
-    return _with(checked, accuracy=accuracy, data_digest=stored.get("data"))
+    return _with(
+        checked,
+        accuracy=accuracy,
+        data_digest=stored.get("data"),
+        traffic_digest=stored.get("traffic"),
+        pad_value=stored.get("pad_value", 0),
+        free_dims=stored.get("free_dims"),
+    )
 
 
 def _with(options: Options, **fields: Any) -> Options:

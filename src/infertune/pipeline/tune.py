@@ -61,7 +61,8 @@ def read_data(model: Model, options: Options, progress: Progress) -> Options:
             model.traffic = read_traffic(options.traffic, model.signature, options.free_dims)
             model.pad_values = pad_values_for(options.pad_value, model.signature)
         progress.say(f"traffic: {model.traffic.describe()}")
-        options = dataclasses.replace(options, traffic_digest=model.traffic.digest())
+        digest = model.traffic.digest()
+        options = dataclasses.replace(options, traffic=model.traffic, traffic_digest=digest)
     if options.calibration is None and options.accuracy is None:
         return options
     digest = hashlib.sha256()
