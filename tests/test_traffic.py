@@ -213,3 +213,58 @@ def test_the_tuning_cache_keeps_the_buckets_and_keys_on_the_traffic(encoder, tmp
     assert again._choice.to_dict().get("buckets") == first._choice.to_dict().get("buckets")
     other = infertune.optimize(encoder, request(12), traffic=traffic(40, seed=5), **kwargs)
     assert not other.report.from_cache  # another distribution: another key
+
+
+def test_a_triton_export_says_which_shapes_each_bucket_takes():
+    from infertune.deploy.triton import _choice_notes, bucket_words
+
+    choice = {
+        "general": "onnxruntime-cpu",
+        "buckets": {
+            "buckets": [
+                {"upper": 16, "backend": "litert", "padded": True},
+                {"upper": 64, "backend": "onnxruntime-cpu", "padded": False},
+            ],
+            "beyond": "onnxruntime-cpu",
+        },
+    }
+    words = bucket_words(choice["buckets"])
+    assert words == (
+        "(0, 16] litert padded to 16; (16, 64] onnxruntime-cpu at its own length; "
+        "longer: onnxruntime-cpu"
+    )
+    (python,) = _choice_notes(choice, "python")
+    assert words in python and "infertune_buckets" in python
+    (native,) = _choice_notes(choice, None)
+    assert "holds onnxruntime-cpu for every length" in native
+
+
+def test_a_server_runs_the_requests_of_one_bucket_as_one_batch(encoder, tmp_path):
+    """Requests of lengths 5, 9 and 14 (one padded bucket up to 16) run as one batch of 3,
+    each one's outputs cut back to its length; 30 (the next bucket) runs apart."""
+    from helpers import forced
+
+    from infertune.deploy.served import ServedModel
+    from infertune.model.traffic import FreeDim
+
+    opt = forced(encoder, request(8), "onnxruntime-cpu")
+    backend, signature = opt._choice.general, opt.input_signature
+    opt._choice.buckets = Buckets(
+        FreeDim("length", ((0, 1), (1, 1))),
+        [Bucket(16, backend, True), Bucket(64, backend, True)],
+        backend, pad_values_for(0, signature), ((1, 1),),
+    )  # fmt: skip
+    served = ServedModel(opt.save(tmp_path / "saved"))
+    lengths = (5, 9, 14, 30)
+    requests = [request(n, seed=n) for n in lengths]
+    runs = []
+    outputs = served.run_batch(
+        [served.check(x, cast=False) for x in requests], record=lambda n, ns: runs.append(n)
+    )
+    assert sorted(runs) == [1, 3]  # the three of the first bucket together, 30 alone
+    names = [spec.name for spec in served.outputs]
+    for x, flat, n in zip(requests, outputs, lengths):
+        got = dict(zip(names, flat))
+        assert got["sequence"].shape == (1, n, 16)
+        _close(got, encoder, x)
+    served.close()

@@ -8,7 +8,10 @@ names (`x` for a single array, dict keys, `input[0]` ... for a list), and its ou
 `opt.input_signature` and in the Triton export.
 
 Requests that arrive together are run as one batch where the model allows it (a free batch
-dimension, outputs batched along it): concatenated along axis 0, run once, split back.
+dimension, outputs batched along it): concatenated along axis 0, run once, split back. Where
+the result has buckets (optimize(traffic=...)), requests of one padded bucket are grouped
+whatever their lengths: each padded to the bucket's bound, run as one batch, and each one's
+outputs cut back to its own length.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import numpy as np
 
 from ..errors import EnvironmentMismatchError, InputError, closed_call
 from ..model.outputs import TensorSpec
+from ..result.buckets import padded, sliced_back
 from ..result.calling import flat_runner
 from ..result.saved import open_saved, restore
 from ..system.paths import user_path
@@ -137,6 +141,9 @@ class ServedModel:
         the server allows. The others run one by one. `record(samples, ns)`, if given, is
         called after each run of the model with its batch size and duration.
         """
+        lengths = [None] * len(requests)  # each padded request's own length
+        if len(requests) > 1 and self.batches_requests and self._choice.buckets is not None:
+            requests, lengths = self._padded_into_buckets(requests)
         if len(requests) == 1 or not self.batches_requests:
             groups = [[index] for index in range(len(requests))]
         else:
@@ -146,6 +153,42 @@ class ServedModel:
             groups = []
             for indices in by_shape.values():
                 groups += _runs(indices, [requests[i][0].shape[0] for i in indices], max_samples)
+        results = self._run_groups(requests, groups, record)
+        if any(n is not None for n in lengths):
+            sliced = self._choice.buckets.sliced
+            results = [
+                out if n is None else sliced_back(out, sliced, n)
+                for out, n in zip(results, lengths)
+            ]
+        return results
+
+    def _padded_into_buckets(
+        self, requests: Sequence[Sequence[np.ndarray]]
+    ) -> tuple[list[list[np.ndarray]], list[int | None]]:
+        """Each request of a padded bucket padded to its bound (so that requests of one
+        bucket share a shape and run as one batch), with its own length; the others as
+        they are (None)."""
+        buckets = self._choice.buckets
+        first, axis = buckets.dim.members[0]
+        padded_requests, lengths = [], []
+        for request in requests:
+            n = request[first].shape[axis]
+            bucket = buckets.bucket_for(n)
+            if bucket is None or not bucket.padded or n == bucket.upper:
+                padded_requests.append(list(request))
+                lengths.append(None)
+                continue
+            padded_requests.append(padded(request, buckets.dim, bucket.upper, buckets.pad_values))
+            lengths.append(n)
+        return padded_requests, lengths
+
+    def _run_groups(
+        self,
+        requests: Sequence[Sequence[np.ndarray]],
+        groups: list[list[int]],
+        record: Callable[[int, int], None] | None,
+    ) -> list[list[np.ndarray]]:
+        """Each group of requests concatenated, run once and split back; outputs in order."""
         results: list[list[np.ndarray]] = [[] for _ in requests]
         for indices in groups:
             if len(indices) == 1:

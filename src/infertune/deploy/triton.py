@@ -220,7 +220,33 @@ def _choice_notes(choice: dict, backend: str | None) -> list[str]:
                 f"request, as a Triton model runs one artifact; backend='python' keeps the "
                 f"exact-shape path"
             )
+    buckets = choice.get("buckets")
+    if buckets:
+        shapes = bucket_words(buckets)
+        if backend == "python":
+            notes.append(
+                f"the result serves the traffic's lengths by buckets ({shapes}); the Python "
+                f"backend runs the whole result, so each request is padded into its bucket "
+                f"(the buckets are in config.pbtxt's `infertune_buckets` parameter)"
+            )
+        else:
+            notes.append(
+                f"the result serves the traffic's lengths by buckets ({shapes}); this "
+                f"repository holds {general} for every length, as a Triton model runs one "
+                f"artifact at the shapes it is sent; backend='python' keeps the buckets"
+            )
     return notes
+
+
+def bucket_words(buckets: dict) -> str:
+    """The buckets of a saved choice in words: (low, upper] by candidate, padded or not."""
+    words, low = [], 0
+    for bucket in buckets["buckets"]:
+        how = f"padded to {bucket['upper']}" if bucket["padded"] else "at its own length"
+        words.append(f"({low}, {bucket['upper']}] {bucket['backend']} {how}")
+        low = bucket["upper"]
+    words.append(f"longer: {buckets['beyond']}")
+    return "; ".join(words)
 
 
 def _python_plan(result: Saved) -> TritonPlan:
@@ -244,6 +270,9 @@ def _python_plan(result: Saved) -> TritonPlan:
 
     plan = TritonPlan("python", None, inputs, outputs, write)
     plan.names = {t.name: t.name for t in inputs + outputs}
+    buckets = manifest["choice"].get("buckets")
+    if buckets:  # the shapes each bucket's candidate takes, for whoever sizes the server
+        plan.parameters["infertune_buckets"] = bucket_words(buckets)
     general = result.general
     plan.carried += [
         f"the {general['name']} candidate itself with its tuned settings (the saved result in "

@@ -21,9 +21,10 @@ import numpy as np
 from ..errors import one_line
 from ..model.inputs import InputSignature
 from ..model.tolerance import compare_outputs
-from ..model.traffic import FreeDim, Traffic, shapes_at
+from ..model.traffic import Traffic, shapes_at
+from ..result.buckets import padded, sliced_back
 
-__all__ = ["PaddingCheck", "check_padding", "pad_values_for", "padded"]
+__all__ = ["PaddingCheck", "check_padding", "pad_values_for"]
 
 # Where the padding likely leaks when a model's outputs change under it, in the report's words.
 LIKELY_CAUSE = (
@@ -79,37 +80,6 @@ def pad_values_for(pad_value: object, signature: InputSignature) -> tuple:
             raise OptionError(f"pad_value names {unknown}; the model's inputs are {names}.")
         return tuple(pad_value.get(name, 0) for name in names)
     return tuple(pad_value for _ in signature.specs)
-
-
-def padded(
-    flat: Sequence[np.ndarray], dim: FreeDim, length: int, pad_values: Sequence[object]
-) -> list[np.ndarray]:
-    """The flat inputs with every member of `dim` padded to `length` with its pad value."""
-    out = list(flat)
-    for i, axis in dim.members:
-        array = out[i]
-        if array.shape[axis] == length:
-            continue
-        shape = list(array.shape)
-        shape[axis] = length
-        bigger = np.full(shape, pad_values[i], dtype=array.dtype)
-        index = [slice(None)] * array.ndim
-        index[axis] = slice(0, array.shape[axis])
-        bigger[tuple(index)] = array
-        out[i] = bigger
-    return out
-
-
-def sliced_back(
-    outputs: Sequence[np.ndarray], sliced: Sequence[tuple[int, int]], length: int
-) -> list[np.ndarray]:
-    """The outputs with each (output, axis) that follows the length cut back to `length`."""
-    out = list(outputs)
-    for o, axis in sliced:
-        index = [slice(None)] * out[o].ndim
-        index[axis] = slice(0, length)
-        out[o] = out[o][tuple(index)]
-    return out
 
 
 def check_padding(

@@ -14,7 +14,7 @@ the length (`sliced`) back to the request's: a view of the runtime's output, no 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -22,7 +22,7 @@ import numpy as np
 from ..backends.base import Backend
 from ..model.traffic import FreeDim
 
-__all__ = ["Bucket", "Buckets", "bucketed"]
+__all__ = ["Bucket", "Buckets", "bucketed", "padded", "sliced_back"]
 
 
 @dataclass
@@ -151,3 +151,34 @@ def bucketed(buckets: Buckets) -> Callable[[list[np.ndarray]], list[np.ndarray]]
         return outputs
 
     return run
+
+
+def padded(
+    flat: Sequence[np.ndarray], dim: FreeDim, length: int, pad_values: Sequence[object]
+) -> list[np.ndarray]:
+    """The flat inputs with every member of `dim` padded to `length` with its pad value."""
+    out = list(flat)
+    for i, axis in dim.members:
+        array = out[i]
+        if array.shape[axis] == length:
+            continue
+        shape = list(array.shape)
+        shape[axis] = length
+        bigger = np.full(shape, pad_values[i], dtype=array.dtype)
+        index = [slice(None)] * array.ndim
+        index[axis] = slice(0, array.shape[axis])
+        bigger[tuple(index)] = array
+        out[i] = bigger
+    return out
+
+
+def sliced_back(
+    outputs: Sequence[np.ndarray], sliced: Sequence[tuple[int, int]], length: int
+) -> list[np.ndarray]:
+    """The outputs with each (output, axis) that follows the length cut back to `length`."""
+    out = list(outputs)
+    for o, axis in sliced:
+        index = [slice(None)] * out[o].ndim
+        index[axis] = slice(0, length)
+        out[o] = out[o][tuple(index)]
+    return out
