@@ -514,8 +514,8 @@ def target_of(model, sample):
 def ranked_layers(target) -> list[str]:
     """The layers (name scopes) in the order infertune's search keeps them in float32
     (pipeline/precision.py `ranking_inputs`, backends/onnxruntime/quantize.py `layer_errors`)."""
-    from infertune.backends.onnxruntime.quantize import layer_errors
     from infertune.pipeline.precision import ranking_inputs
+    from infertune.precision.layers import layer_errors
 
     errors = layer_errors(*ranking_inputs(target))
     return sorted(errors, key=lambda scope: -errors[scope])
@@ -812,3 +812,196 @@ PRODUCTION_MODELS: dict[str, ProductionModel] = {
         "token ids: Fourier mixing (FFT2D), feed-forward", fnet, vocabulary_ids
     ),
 }
+
+
+# -- the shapes benchmark's models and traffic -----------------------------------------------------
+# benchmarks/shapes.py: models whose requests come in many shapes (a text's length, an audio
+# clip's frames, a batch's size), each at full size and at --quick's, and the distributions
+# their requests are drawn from.
+TEXT_VOCABULARY = 30_522  # BERT's WordPiece vocabulary
+MEL_FEATURES = 80  # the audio model's features per frame (log-mel bins)
+
+
+@dataclass(frozen=True)
+class LogNormal:
+    """Sizes drawn log-normal (most near the median, a long tail), rounded and clipped to
+    [low, high]: the lengths of real queries, documents or clips."""
+
+    median: float
+    sigma: float
+    low: int
+    high: int
+
+    def draw(self, rng: np.random.Generator, count: int) -> np.ndarray:
+        drawn = np.round(rng.lognormal(np.log(self.median), self.sigma, count))
+        return np.clip(drawn, self.low, self.high).astype(int)
+
+    def words(self) -> str:
+        return f"log-normal, median {self.median:g}, sigma {self.sigma:g}, {self.low}..{self.high}"
+
+
+@dataclass(frozen=True)
+class LogUniform:
+    """Sizes drawn log-uniform over [low, high] (as many of 1-2 as of 16-32): a batch size."""
+
+    low: int
+    high: int
+
+    @property
+    def median(self) -> int:
+        return int(round(np.sqrt(self.low * (self.high + 1))))
+
+    def draw(self, rng: np.random.Generator, count: int) -> np.ndarray:
+        drawn = np.floor(np.exp(rng.uniform(np.log(self.low), np.log(self.high + 1), count)))
+        return np.clip(drawn, self.low, self.high).astype(int)
+
+    def words(self) -> str:
+        return f"log-uniform, {self.low}..{self.high}"
+
+
+# The length distributions (full run, --quick). --quick's stay short and clear of the tiny
+# models' widths.
+SHAPES_DISTRIBUTIONS: dict[str, tuple[LogNormal | LogUniform, LogNormal | LogUniform]] = {
+    "queries": (LogNormal(40, 0.7, 4, 256), LogNormal(12, 0.6, 3, 64)),
+    "documents": (LogNormal(200, 0.5, 16, 512), LogNormal(40, 0.5, 8, 128)),
+    "frames": (LogNormal(300, 0.5, 20, 1000), LogNormal(40, 0.5, 8, 128)),
+    "batches": (LogUniform(1, 32), LogUniform(1, 8)),
+}
+
+
+def _masked_blocks(x, keys, width: int, heads: int, ff: int, blocks: int):
+    """`blocks` post-norm encoder blocks, every attention given the key mask `keys` (batch,
+    1, length): attention, feed-forward with tanh GELU (which tf2onnx exports)."""
+    from keras import layers, ops
+
+    for _ in range(blocks):
+        attended = layers.MultiHeadAttention(heads, width // heads)(x, x, attention_mask=keys)
+        x = layers.LayerNormalization(epsilon=1e-12)(layers.Add()([x, attended]))
+        hidden = ops.gelu(layers.Dense(ff)(x), approximate=True)
+        x = layers.LayerNormalization(epsilon=1e-12)(layers.Add()([x, layers.Dense(width)(hidden)]))
+    return x
+
+
+def _masked_mean(x, mask):
+    """The mean over the positions the mask (batch, length) marks real."""
+    from keras import ops
+
+    weights = ops.expand_dims(ops.cast(mask, "float32"), -1)
+    return ops.sum(x * weights, axis=1) / ops.maximum(ops.sum(weights, axis=1), 1.0)
+
+
+def masked_text_encoder(quick: bool):
+    """A BERT-sized text encoder that takes its padding mask as keras-hub models do (the
+    structure of tests/traffic_models.py `masked_encoder`): `token_ids` and `padding_mask`,
+    both (batch, length) int32 of any length; token embedding (BERT's vocabulary) plus a
+    learned position embedding over positions up to the longest document, indexed by
+    ops.arange(length); 4 blocks of width 768, 12 heads, feed-forward 3072, every attention
+    given the mask (keys masked). Outputs the sequence (batch, length, 768) and its masked
+    mean (batch, 768). --quick: width 32, 2 heads, feed-forward 64, 2 blocks, vocabulary 1000."""
+    import keras
+    from keras import layers, ops
+
+    vocabulary, width, heads, ff, blocks = (
+        (1000, 32, 2, 64, 2) if quick else (TEXT_VOCABULARY, 768, 12, 3072, 4)
+    )
+    positions = SHAPES_DISTRIBUTIONS["documents"][int(quick)].high
+
+    class PositionEmbedding(layers.Layer):
+        """A learned embedding of each position, ops.arange(length) indexing its table."""
+
+        def build(self, input_shape):
+            self.table = self.add_weight(
+                shape=(positions, width), initializer="random_normal", name="positions"
+            )
+
+        def call(self, ids):
+            index = ops.arange(ops.shape(ids)[1])
+            return ops.expand_dims(ops.take(self.table, index, axis=0), 0)
+
+    keras.utils.set_random_seed(0)
+    ids = keras.Input((None,), dtype="int32", name="token_ids")
+    mask = keras.Input((None,), dtype="int32", name="padding_mask")
+    x = layers.Add()([layers.Embedding(vocabulary, width)(ids), PositionEmbedding()(ids)])
+    x = layers.LayerNormalization(epsilon=1e-12)(x)
+    keys = ops.expand_dims(ops.cast(mask, "bool"), 1)  # (batch, 1, length): keys masked
+    x = _masked_blocks(x, keys, width, heads, ff, blocks)
+    outputs = {"sequence": x, "pooled": _masked_mean(x, mask)}
+    return keras.Model({"token_ids": ids, "padding_mask": mask}, outputs, name="encoder")
+
+
+def text_vocabulary(quick: bool) -> int:
+    return 1000 if quick else TEXT_VOCABULARY
+
+
+def token_request(rng: np.random.Generator, length: int, quick: bool, mask: bool = True):
+    """One request of `length` tokens (ids 1.. of the vocabulary, every position real): a
+    dict with its padding mask, or the ids alone (`mask` False)."""
+    ids = rng.integers(1, text_vocabulary(quick), (1, length)).astype(np.int32)
+    if not mask:
+        return ids
+    return {"token_ids": ids, "padding_mask": np.ones((1, length), np.int32)}
+
+
+def masked_audio_encoder(quick: bool):
+    """A model over a variable number of frames: `features` (batch, frames, 80) float32 and
+    `frame_mask` (batch, frames) int32; three Conv1D layers (padding="same", ReLU), each
+    followed by multiplying by the mask (padded frames stay zero, so padding is exact), then
+    2 blocks of width 256 (4 heads, feed-forward 512) whose attention is given the mask, and
+    the masked mean (batch, 256). --quick: width 32, 2 heads, 1 block."""
+    import keras
+    from keras import layers, ops
+
+    width, heads, ff, blocks = (32, 2, 64, 1) if quick else (256, 4, 512, 2)
+    keras.utils.set_random_seed(0)
+    features = keras.Input((None, MEL_FEATURES), dtype="float32", name="features")
+    mask = keras.Input((None,), dtype="int32", name="frame_mask")
+    frames = ops.expand_dims(ops.cast(mask, "float32"), -1)
+    x = features
+    for filters in (width // 2, width, width):
+        x = layers.Conv1D(filters, 5, padding="same", activation="relu")(x) * frames
+    keys = ops.expand_dims(ops.cast(mask, "bool"), 1)
+    x = _masked_blocks(x, keys, width, heads, ff, blocks)
+    return keras.Model({"features": features, "frame_mask": mask}, _masked_mean(x, mask),
+                       name="audio")  # fmt: skip
+
+
+def frame_request(rng: np.random.Generator, frames: int, quick: bool):
+    """One clip of `frames` frames of features (standard normal), every frame real."""
+    features = rng.standard_normal((1, frames, MEL_FEATURES)).astype(np.float32)
+    return {"features": features, "frame_mask": np.ones((1, frames), np.int32)}
+
+
+def lossy_text_encoder(quick: bool):
+    """A model padding is not exact for: token ids only, Embedding(mask_zero=True),
+    residuals written `x + a` (Keras 3 drops the implicit mask after the first block, so
+    padded positions reach the attention and the pooling), width 256, 4 heads, 4 blocks,
+    GlobalAveragePooling1D. --quick: width 32, 2 heads, 2 blocks."""
+    import keras
+    from keras import layers
+
+    width, heads, blocks = (32, 2, 2) if quick else (256, 4, 4)
+    keras.utils.set_random_seed(0)
+    ids = keras.Input((None,), dtype="int32", name="token_ids")
+    x = layers.Embedding(text_vocabulary(quick), width, mask_zero=True)(ids)
+    for _ in range(blocks):
+        x = x + layers.MultiHeadAttention(heads, width // heads)(x, x)
+        x = layers.LayerNormalization()(x)
+    return keras.Model(ids, layers.GlobalAveragePooling1D()(x), name="lossy")
+
+
+def batch_mobilenet_v2(quick: bool):
+    """keras.applications.MobileNetV2 at 96x96 (weights=None): a fixed-shape model whose
+    requests differ only in their batch size. --quick: 32x32, alpha 0.35."""
+    import keras
+
+    keras.utils.set_random_seed(0)
+    side, alpha = (32, 0.35) if quick else (96, 1.0)
+    return keras.applications.MobileNetV2(input_shape=(side, side, 3), alpha=alpha, weights=None)
+
+
+def image_requests(rng: np.random.Generator, sizes, quick: bool) -> list[np.ndarray]:
+    """Requests of `sizes[i]` images each, in [-1, 1] at the batch model's side: views of one
+    pool drawn from `rng` (no copy per request)."""
+    side = 32 if quick else 96
+    pool = rng.uniform(-1, 1, (int(max(sizes)), side, side, 3)).astype(np.float32)
+    return [pool[: int(n)] for n in sizes]

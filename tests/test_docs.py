@@ -25,11 +25,24 @@ What the skipped blocks name is still checked where it can be without the networ
 minutes: the extras of `pip install` commands exist, no command installs infertune from a
 package index, each benchmark command's script and options exist; and every relative link
 of the docs resolves.
+
+Two more kinds of check keep the docs honest about numbers and words:
+
+- One source for each number. A benchmark run writes a result folder,
+  `docs/benchmarks/<benchmark>/<date>/` (`results.json`, `results.md`: the tables as the docs
+  quote them, `README.md`). A doc quotes a table between `<!-- results: PATH -->` and
+  `<!-- end results -->`, and the quoted block must equal the file at PATH (trailing
+  whitespace aside); every number README.md states in a paragraph that links a result
+  folder must appear in that folder's results.json, results.md or README.md.
+- The repository speaks of the software, not of how the work on it was organized: no file
+  git tracks (or would track) names work periods, numbered rounds of checks, issue
+  numbers or where the hardware came from (`test_no_file_speaks_of_how_the_work_was_organized`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import secrets
@@ -336,11 +349,19 @@ def test_no_doc_installs_infertune_from_a_package_index():
 
 
 def _benchmark_commands() -> list[tuple[str, list[str]]]:
+    """Each benchmark command of the docs and the changelog: the suite's scripts
+    (`python benchmarks/NAME.py`) and the studies (`python -m benchmarks.studies.NAME`), with
+    the options on the same line."""
     commands = []
-    for path in DOCUMENTS:
+    for path in [*DOCUMENTS, ROOT / "CHANGELOG.md"]:
         text = path.read_text(encoding="utf-8")
-        for script, options in re.findall(r"python (benchmarks/\w+\.py)([^\n`#]*)", text):
+        for script, options in re.findall(r"python3? (benchmarks/[a-z_]+\.py)([^\n`#]*)", text):
             commands.append((script, re.findall(r"(--[a-z][a-z0-9-]*)", options)))
+        for study, options in re.findall(
+            r"python3? -m benchmarks\.studies\.([a-z_]+)([^\n`#]*)", text
+        ):
+            options = re.findall(r"(--[a-z][a-z0-9-]*)", options)
+            commands.append((f"benchmarks/studies/{study}.py", options))
     return commands
 
 
@@ -371,7 +392,7 @@ def test_every_relative_link_resolves():
     """Links between the docs, and to the result files under docs/benchmarks/, point at
     something that exists: a file, a directory, or a heading of a Markdown file."""
     broken = []
-    for path in [*DOCUMENTS, ROOT / "CHANGELOG.md"]:
+    for path in [*DOCUMENTS, ROOT / "CHANGELOG.md", *RESULTS.glob("*/*/README.md")]:
         text = path.read_text(encoding="utf-8")
         for target in re.findall(r"\]\(([^)\s]+)\)", text):
             if re.match(r"[a-z]+:", target):  # https:, mailto:
@@ -387,3 +408,207 @@ def test_every_relative_link_resolves():
             ):
                 broken.append(f"{path.relative_to(ROOT)}: {target} (no such heading)")
     assert not broken, "\n".join(broken)
+
+
+# -- one source for each number -------------------------------------------------------------
+RESULTS = ROOT / "docs" / "benchmarks"
+QUOTE = re.compile(r"<!-- results: (\S+) -->\n(.*?)<!-- end results -->", re.DOTALL)
+FOLDER_LINK = re.compile(r"\]\(((?:\.\./)*(?:docs/)?benchmarks/[a-z0-9-]+/\d{4}-\d{2}-\d{2}[a-z0-9-]*)/?[^)]*\)")
+RESULT_KEYS = {"benchmark", "command", "date", "commit", "machine", "rows", "targets"}
+
+
+def _result_folders() -> list[Path]:
+    return sorted(path.parent for path in RESULTS.glob("*/*/results.json"))
+
+
+def _lines(text: str) -> list[str]:
+    lines = [line.rstrip() for line in text.split("\n")]
+    while lines and not lines[-1]:
+        lines.pop()
+    return lines
+
+
+def test_every_quoted_result_equals_its_results_file():
+    """A table quoted from a run is that run's results.md, byte for byte (trailing whitespace
+    aside): a number changes in the result folder, never in the doc alone."""
+    quoted, wrong = 0, []
+    for path in [*DOCUMENTS, ROOT / "CHANGELOG.md"]:
+        for source, block in QUOTE.findall(path.read_text(encoding="utf-8")):
+            quoted += 1
+            where = f"{path.relative_to(ROOT)} quotes {source}"
+            file = ROOT / source
+            if not re.fullmatch(r"docs/benchmarks/[a-z0-9-]+/[0-9][0-9a-z-]+/results\.md", source):
+                wrong.append(f"{where}: not a result folder's results.md")
+            elif not file.is_file():
+                wrong.append(f"{where}: no such file")
+            elif _lines(block) != _lines(file.read_text(encoding="utf-8")):
+                wrong.append(f"{where}: the block differs from the file")
+    assert quoted, "no quoted result block found"
+    assert not wrong, "\n".join(wrong)
+
+
+def test_every_result_folder_holds_a_run_described():
+    """docs/benchmarks/<benchmark>/<date>/ holds results.json (what ran, how, where, when:
+    the keys below), results.md and README.md; nothing lies beside the folders; the index of
+    docs/benchmarks.md lists every folder."""
+    folders = _result_folders()
+    assert folders, "no result folder"
+    index = (ROOT / "docs" / "benchmarks.md").read_text(encoding="utf-8")
+    wrong = []
+    for entry in RESULTS.iterdir():
+        if not entry.is_dir():
+            wrong.append(f"{entry.relative_to(ROOT)}: a file beside the benchmarks' folders")
+        for inner in entry.iterdir() if entry.is_dir() else ():
+            if not (inner / "results.json").is_file():
+                wrong.append(f"{inner.relative_to(ROOT)}: not a result folder (no results.json)")
+    for folder in folders:
+        name = folder.relative_to(ROOT)
+        for required in ("results.md", "README.md"):
+            if not (folder / required).is_file():
+                wrong.append(f"{name}: no {required}")
+        data = json.loads((folder / "results.json").read_text(encoding="utf-8"))
+        missing = RESULT_KEYS - set(data)
+        if missing:
+            wrong.append(f"{name}/results.json lacks {sorted(missing)}")
+            continue
+        if data["benchmark"] != folder.parent.name:
+            wrong.append(f"{name}: benchmark {data['benchmark']!r} in a folder of another")
+        if not re.fullmatch(r"\d{4}-\d{2}-\d{2}", data["date"]) or not folder.name.startswith(
+            data["date"]
+        ):
+            wrong.append(f"{name}: date {data['date']!r} is not the folder's")
+        if not {"cpu", "flags", "cores", "gpu"} <= set(data["machine"]):
+            wrong.append(f"{name}/results.json: machine lacks cpu, flags, cores or gpu")
+        for target in data["targets"]:
+            if not {"name", "target", "value", "met"} <= set(target):
+                wrong.append(f"{name}/results.json: a target without name, target, value, met")
+        if f"(benchmarks/{folder.parent.name}/{folder.name}/)" not in index:
+            wrong.append(f"{name}: not in docs/benchmarks.md's index of result folders")
+    assert not wrong, "\n".join(wrong)
+
+
+def _numbers(text: str) -> list[str]:
+    """The numbers a sentence states: not those inside a word (ResNet50, fp32), inline code or
+    a link's target."""
+    text = re.sub(r"`[^`]*`", " ", text)
+    text = re.sub(r"\]\([^)]*\)", "]", text)
+    return re.findall(r"(?<![\w.])\d+(?:\.\d+)?", text)
+
+
+def _paragraphs(markdown: str) -> list[str]:
+    """The prose of a Markdown text, a paragraph or a list item each: code blocks, comments
+    and quoted result blocks taken out."""
+    prose = re.sub(r"^```.*?^```", "", markdown, flags=re.MULTILINE | re.DOTALL)
+    prose = re.sub(r"<!--.*?-->", "", QUOTE.sub("", prose), flags=re.DOTALL)
+    found = []
+    for block in re.split(r"\n\s*\n", prose):
+        items = re.split(r"\n(?=- |\* |\d+\. )", block.strip())
+        found += [item for item in items if item and not item.startswith(("|", "#"))]
+    return found
+
+
+def test_readme_states_only_numbers_its_result_folders_hold():
+    """README's headline numbers come from the runs it links: each number of a paragraph that
+    links a result folder appears in that folder's results.json, results.md or README.md."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    checked, wrong = 0, []
+    for paragraph in _paragraphs(readme):
+        folders = {(ROOT / link).resolve() for link in FOLDER_LINK.findall(paragraph)}
+        if not folders:
+            continue
+        checked += 1
+        held = ""
+        for folder in folders:
+            for name in ("results.json", "results.md", "README.md"):
+                if (folder / name).is_file():
+                    held += (folder / name).read_text(encoding="utf-8") + "\n"
+        for number in _numbers(paragraph):
+            if not re.search(rf"(?<![\d.]){re.escape(number)}(?!\d)", held):
+                first_line = paragraph.strip().split("\n")[0][:70]
+                wrong.append(f"{number} (in: {first_line}...)")
+    assert checked >= 3, "README's headline links no result folder"
+    assert not wrong, "README numbers no linked result file holds:\n" + "\n".join(wrong)
+
+
+def test_no_readme_paragraph_runs_over_eight_lines():
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    long = [p.split("\n")[0][:70] for p in _paragraphs(readme) if p.count("\n") >= 8]
+    assert not long, f"paragraphs over 8 lines: {long}"
+
+
+# -- words about how the work was organized ---------------------------------------------------
+_ORDINAL = (
+    r"(?:second|third|fourth|fifth|sixth|seventh|eighth|ninth|tenth|eleventh|twelfth"
+    r"|later|earlier|previous|last|\d+(?:st|nd|rd|th))"
+)
+_NUMBER_WORD = r"(?:two|three|four|five|six|seven|eight|nine|ten|several)"
+_UPSTREAM = r"(?:tf2onnx|tensorflow|keras|onnxruntime|onnx|openvino|nncf|litert|ray|triton)"
+DIARY = {
+    # a period of the work, named by its place in a sequence or relative to another
+    "a work session": re.compile(
+        rf"\b(?:{_ORDINAL}|next|this)\s+(?:precision\s+|GPU\s+)?sessions?\b"
+        rf"|\bin\s+{_NUMBER_WORD}\s+sessions\b|\b\w+\s+sessions'\s+(?:code|runs?)\b"
+        r"|\bsessions?\s+(?:before|above|ago)\b|\bthe\s+session\s+(?:after|before)\s+that\b"
+        r"|\b(?:of|in)\s+(?:that|one)\s+session(?=\s*[,;.)])",
+        re.IGNORECASE,
+    ),
+    # a round of checks named by its number or its place in a sequence
+    "a numbered pass": re.compile(
+        rf"\b{_ORDINAL}\s+(?:GPU\s+)?pass(?:es)?\b|\b(?:in|of|from|since)\s+pass\s+\d+\b"
+        r"|\bpass\s+\d+'s\b|\bpasses\s+(?:before|above)\b|\bper\s+pass\b"
+        r"|\b(?:a|one\s+more)\s+pass\s+(?:before|ran|after)\b",
+        re.IGNORECASE,
+    ),
+    "an issue number": re.compile(
+        r"\bissues?\s+#?\d+\b|\b(?:the|this)\s+issue's\b|\b(?:of|in)\s+the\s+issue\b"
+        r"|\bthe\s+issue\s+asks\b",
+        re.IGNORECASE,
+    ),
+    "a #number": re.compile(r"(?<![\w&/#])#\d{2,}\b(?![0-9a-fA-F])"),
+    "borrowed hardware": re.compile(
+        r"\b(?:was|were|been)\s+lent\b|\bworkplace\b|\bdevice\s+tool\b"
+        r"|\bminutes\s+of\s+(?:the\s+)?device(?:'s)?\s+time\b|\bof\s+device\s+time\b",
+        re.IGNORECASE,
+    ),
+}
+
+
+def _repository_text_files() -> list[Path]:
+    try:
+        listed = subprocess.run(
+            ["git", "-C", str(ROOT), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+            capture_output=True, check=True, timeout=60,
+        ).stdout.decode()  # fmt: skip
+    except (OSError, subprocess.SubprocessError) as exc:
+        pytest.skip(f"git cannot list the repository's files here: {exc}")
+    return [ROOT / name for name in listed.split("\0") if name and (ROOT / name).is_file()]
+
+
+def test_no_file_speaks_of_how_the_work_was_organized():
+    """Dates, versions and commits are what a reader can look up; the periods, rounds and
+    tickets the work was organized in are not. Every text file git tracks or would track (the
+    docs, the changelog, the code, the tests, the benchmarks, the result folders) is free of
+    them. ONNX Runtime's sessions, tf2onnx's optimizer passes, a candidate that passes the
+    gate and an upstream project's issue (`tf2onnx #2448`) are not what these patterns mean."""
+    found = []
+    for path in _repository_text_files():
+        raw = path.read_bytes()
+        if b"\0" in raw[:8192]:
+            continue  # binary
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            continue
+        flat = re.sub(r"\n[ \t#*>/-]*", lambda m: " " * len(m.group(0)), text)  # a phrase may wrap
+        for what, pattern in DIARY.items():
+            for match in pattern.finditer(flat):
+                before = flat[max(0, match.start() - 20) : match.start()]
+                if re.search(rf"\b{_UPSTREAM} $", before, re.IGNORECASE):
+                    continue  # an upstream project's issue: "tf2onnx #2448"
+                if re.fullmatch(r"#(\d{3}|\d{6})", match.group(0)) and re.search(
+                    r"colou?r|fill|stroke|background", flat[match.start() - 40 : match.start()]
+                ):
+                    continue  # a colour
+                line = text.count("\n", 0, match.start()) + 1
+                found.append(f"{path.relative_to(ROOT)}:{line}: {what}: {match.group(0)!r}")
+    assert not found, "words about how the work was organized:\n" + "\n".join(found)

@@ -30,6 +30,7 @@ from infertune.backends.onnxruntime.cuda import (
     OnnxRuntimeCuda,
     OnnxRuntimeCudaFp16,
 )
+from infertune.backends.onnxruntime.iobinding import iobinding_plan
 from infertune.backends.registry import (
     BACKENDS,
     GPU_BACKENDS,
@@ -37,6 +38,11 @@ from infertune.backends.registry import (
 from infertune.backends.tensorrt.engine import (
     build_settings,
     host_shape,
+)
+from infertune.backends.tensorrt.profiles import (
+    Profile,
+    engine_cache_key,
+    profile_shapes,
 )
 from infertune.export.onnx import OnnxExport
 from infertune.export.onnx_fp16 import float16_export, float16_onnx
@@ -53,13 +59,9 @@ from infertune.system.environment import (
 from infertune.system.gpu import (
     NO_GPU,
     GpuFacts,
-    Profile,
     TfBuild,
     enable_tf_memory_growth,
-    engine_cache_key,
     gpu_facts,
-    iobinding_plan,
-    profile_shapes,
     reason_unavailable,
     tensorrt_major,
 )
@@ -677,3 +679,29 @@ def test_env_check_runs_every_candidate_and_says_why_no_gpu_one_can(capsys):
         label = name if "fp16" not in name else f"{name} (fp16)"
         assert rows[label].split("|")[2].strip() == "unavailable", rows[label]
     assert "ran end to end (exit status 0)" in out
+
+
+def test_a_bucket_of_the_cuda_graph_variant_captures_graphs_of_its_own():
+    """FAKE device (IoBindingOnCpu: no GPU can exist here): a bucket's shaped runner captures
+    a graph per shape it meets, in a session of its own, up to GRAPHS_PER_BUCKET, and sends
+    the rest to the plain session; every call's outputs are the model's."""
+    from helpers import prepared_backend
+
+    from infertune.backends.onnxruntime.cuda import GRAPHS_PER_BUCKET
+
+    model = dense_model()
+    rng = np.random.default_rng(2)
+    backend, _ = prepared_backend(
+        IoBindingOnCpu(cuda_graph=True), model, rng.random((4, 6), "float32")
+    )
+    assert backend.bucket_memory_factor == 1.0
+    run = backend.shaped_runner()
+    (graphs,) = backend._bucket_graphs
+    for batch in [3, 5, 3, 9, 2, 11, 5, 13]:
+        x = rng.standard_normal((batch, 6)).astype("float32")
+        # 1e-5: float32 kernels of ONNX Runtime vs TensorFlow's on the same CPU: round-off only.
+        np.testing.assert_allclose(run([x])[0], np.asarray(model(x)), rtol=1e-5, atol=1e-6)
+    assert len(graphs._graphs) == GRAPHS_PER_BUCKET  # 3, 5, 9, 2: then the plain session
+    assert sorted(s[0][0] for s in graphs._graphs) == [2, 3, 5, 9]
+    plain = IoBindingOnCpu()
+    assert plain.bucket_memory_factor == 0.0

@@ -86,7 +86,7 @@ def test_a_constant_past_the_protobuf_limit_goes_to_the_data_file_untouched(
     """A single weight past HUGE_CONSTANT_BYTES (lowered here from 1 GiB; tf2onnx's protobuf
     copies stop at 2 GiB: a 2.46 GB embedding table failed) is written to the data file as
     it is and read from there by the runtimes, with the same outputs."""
-    from infertune.export import onnx as onnx_export
+    from infertune.export import onnx_external as onnx_export
 
     monkeypatch.setattr(onnx_export, "HUGE_CONSTANT_BYTES", 6000)  # the 6.4 KB table alone
     written, to_file = [], onnx_export._huge_to_file

@@ -19,11 +19,9 @@ from helpers import (
 )
 
 import infertune
-from infertune.backends.litert.backend import (
-    LiteRT,
-    _output_order,
-)
+from infertune.backends.litert.backend import LiteRT
 from infertune.backends.litert.convert import input_order
+from infertune.backends.litert.pool import output_order as _output_order
 from infertune.model.target import Target
 from infertune.system.environment import install_hint
 

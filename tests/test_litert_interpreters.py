@@ -17,7 +17,7 @@ from helpers import (
     prepared_backend,
 )
 
-from infertune.backends.litert import backend as litert
+from infertune.backends.litert import pool as litert
 from infertune.backends.litert.backend import LiteRT
 
 pytestmark = needs_litert

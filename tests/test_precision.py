@@ -125,7 +125,7 @@ def test_litert_dynamic_range_is_not_tried_beside_full_int8_on_a_large_convoluti
     is, with the reason; tried where it is the only int8 candidate, or without calibration."""
     import keras
 
-    from infertune.backends.litert.backend import LARGE_FLOPS
+    from infertune.backends.litert.int8 import LARGE_FLOPS
 
     keras.utils.set_random_seed(0)
     model = keras.Sequential(
@@ -267,10 +267,10 @@ def test_litert_keeps_the_broken_layer_in_float32_calibrating_once(
     broken_by_one_layer, digits, monkeypatch
 ):
     """LiteRT's full int8 with the huge-range layer kept in float32 passes; every search step
-    quantizes the ranges the first calibration measured (backends/litert/convert.py `_calibrated`):
+    quantizes the ranges the first calibration measured (backends/litert/quantize.py `_calibrated`):
     the
     model runs on the samples once, not once or twice per step."""
-    from infertune.backends.litert import convert as tflite
+    from infertune.backends.litert import quantize as tflite
 
     calibrations = []
     measure = tflite._ranged
@@ -303,11 +303,9 @@ def test_static_int8_keeping_layers_reads_the_first_calibrations_ranges(
 
     from helpers import target_for
 
-    from infertune.backends.onnxruntime.quantize import (
-        layer_scopes,
-        quantize_static_int8,
-    )
+    from infertune.backends.onnxruntime.quantize import quantize_static_int8
     from infertune.export.onnx import convert_to_onnx
+    from infertune.precision.layers import layer_scopes
 
     quantize = importlib.import_module("onnxruntime.quantization.quantize")  # the module
     calibrations = []
@@ -612,7 +610,7 @@ def _converters_int8(target, calibration) -> bytes:
     calibrator on the samples infertune's calibration takes."""
     import tensorflow as tf
 
-    from infertune.backends.litert import convert as tflite
+    from infertune.backends.litert import quantize as tflite
 
     converter, _, _ = tflite._converter(target)
     converter.optimizations = [tf.lite.Optimize.DEFAULT]
@@ -630,7 +628,7 @@ def _graph(flatbuffer: bytes):
 
 @needs_litert
 def test_tflite_full_int8_is_the_converters_own(classifier, digits, monkeypatch):
-    """backends/litert/convert.py quantizes the shared float32 conversion itself (calibrated once,
+    """backends/litert/quantize.py quantizes the shared float32 conversion itself (calibrated once,
     for
     every search step). With TFLite's calibrator (where infertune's range pass does not apply)
     the flatbuffer is the one TensorFlow's converter makes from the same trace with the same
@@ -640,7 +638,7 @@ def test_tflite_full_int8_is_the_converters_own(classifier, digits, monkeypatch)
     breaks this test rather than infertune's int8 results silently."""
     from helpers import target_for
 
-    from infertune.backends.litert import convert as tflite
+    from infertune.backends.litert import quantize as tflite
     from infertune.precision.data import calibration_batches
 
     x = digits["validation"][0]
@@ -671,7 +669,7 @@ def test_tflite_full_int8_is_the_converters_own(classifier, digits, monkeypatch)
 
 @needs_litert
 def test_tflite_ranges_are_the_values_the_tensors_take():
-    """The range pass (backends/litert/convert.py `_ranged`) records each tensor's own values, the
+    """The range pass (backends/litert/quantize.py `_ranged`) records each tensor's own values, the
     tensors TFLite's calibrator records: on a residual block, the branch's convolution output
     spans what that convolution gives, not the sum's range that the calibrator logs after an
     ADD run in place over it; a NaN is a clear error; control flow is left to the
@@ -679,7 +677,7 @@ def test_tflite_ranges_are_the_values_the_tensors_take():
     import keras
     import tensorflow as tf
 
-    from infertune.backends.litert import convert as tflite
+    from infertune.backends.litert import quantize as tflite
 
     keras.utils.set_random_seed(0)
     inputs = keras.Input((8, 8, 4))
@@ -750,7 +748,7 @@ def test_tflite_int8_made_in_a_worker_process_is_the_one_made_here(classifier, d
     process's ONNX export and quantizations where it is expected to take 15 s or more.)"""
     from helpers import target_for
 
-    from infertune.backends.litert.convert import convert_int8
+    from infertune.backends.litert.quantize import convert_int8
     from infertune.precision.data import calibration_batches
 
     monkeypatch.setenv("INFERTUNE_TF_WORKER", "always")  # a tiny model's too

@@ -16,7 +16,7 @@ from infertune.backends.registry import (
     family_of,
     family_rank,
 )
-from infertune.cli import build_parser
+from infertune.cli.options import build_parser
 from infertune.export import patching
 from infertune.export.registry import CONVERSIONS, shared, stage_name
 from infertune.options import DEFAULTS, OBJECTIVES, OPTION_NAMES, Options

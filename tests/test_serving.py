@@ -20,8 +20,8 @@ from helpers import dense_model, dict_model, dict_sample
 from preprocessing_models import text_classifier
 
 import infertune
+from infertune.deploy.limits import STRING_HELD as _STRING_HELD
 from infertune.deploy.protocol import (
-    _STRING_HELD,
     BINARY_HEADER,
     Limits,
     ProtocolError,

@@ -268,3 +268,55 @@ def test_a_server_runs_the_requests_of_one_bucket_as_one_batch(encoder, tmp_path
         assert got["sequence"].shape == (1, n, 16)
         _close(got, encoder, x)
     served.close()
+
+
+def test_batch_sizes_are_read_from_the_traffic():
+    from infertune.model.traffic import Traffic
+    from infertune.pipeline.tune import traffic_batch_sizes
+
+    def sizes(batches):
+        return traffic_batch_sizes(Traffic((), np.asarray(batches), np.zeros((len(batches), 0))))
+
+    assert sizes([1, 1, 1]) is None  # one batch size: nothing to choose per batch
+    assert sizes([1, 4, 4, 2]) == (1, 2, 4)
+    many = sizes(list(range(1, 33)))
+    assert many[0] == 1 and many[-1] == 32 and len(many) <= 5
+
+
+@pytest.mark.slow
+def test_a_traffic_of_batch_sizes_tunes_a_choice_per_batch_size():
+    from helpers import dense_model
+
+    rng = np.random.default_rng(0)
+    requests = [rng.random((int(n), 6), np.float32) for n in rng.choice([1, 2, 8], 30)]
+    opt = infertune.optimize(
+        dense_model(), requests[0], traffic=requests, backends=["onnxruntime-cpu"],
+        verbose=False,
+    )  # fmt: skip
+    assert sorted(opt.backends_by_batch) == [1, 2, 8]
+    x = rng.random((5, 6), np.float32)
+    np.testing.assert_allclose(opt(x), np.asarray(dense_model()(x)), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.skipif(
+    __import__("importlib").util.find_spec("ai_edge_litert") is None, reason="LiteRT"
+)
+def test_litert_buckets_keep_interpreters_of_their_own_shapes(encoder):
+    """Each padded bucket runs interpreters of its own, allocated at its bound once: calls
+    alternating between buckets resize nobody's, and each bucket's outputs match."""
+    from helpers import prepared_backend
+
+    from infertune.backends.litert.backend import LiteRT
+    from infertune.model.traffic import FreeDim
+
+    backend, signature = prepared_backend(LiteRT(), encoder, request(8))
+    buckets = Buckets(
+        FreeDim("length", ((0, 1), (1, 1))), [Bucket(8, backend, True), Bucket(20, backend, True)],
+        backend, pad_values_for(0, signature), ((1, 1),),
+    )  # fmt: skip
+    for n in (3, 15, 7, 19, 8, 12):
+        x = request(n, seed=n)
+        pooled, sequence = buckets.run(signature.flatten(x))
+        _close({"pooled": pooled, "sequence": sequence}, encoder, x)
+    shapes = [pool.idle[0].shapes for pool in backend._bucket_pools]
+    assert shapes == [[(1, 8), (1, 8)], [(1, 20), (1, 20)]]

@@ -30,15 +30,13 @@ from helpers import (
 
 import infertune
 from infertune.backends.base import Backend
-from infertune.backends.litert.backend import (
-    LiteRT,
-    _Interpreters,
-    _ops,
-)
+from infertune.backends.litert.backend import LiteRT
 from infertune.backends.litert.convert import (
     convert,
     reads_shapes,
 )
+from infertune.backends.litert.pool import Interpreters as _Interpreters
+from infertune.backends.litert.pool import operators as _ops
 from infertune.model.inputs import build_signature
 from infertune.model.source import load_model
 from infertune.model.structure import flatten

@@ -58,10 +58,8 @@ def model_and_inputs(name: str, cache: Path):
 
 def conversions(model, calibration: np.ndarray) -> tuple[dict[str, bytes], float | None]:
     """Each way's flatbuffer, made as infertune makes it, and the model's GFLOP per call."""
-    from infertune.backends.litert.convert import (
-        convert_free,
-        convert_int8,
-    )
+    from infertune.backends.litert.convert import convert_free
+    from infertune.backends.litert.quantize import convert_int8
     from infertune.pipeline.diagnosis import trace_and_count
 
     target = target_of(model, calibration[:1])

@@ -66,7 +66,7 @@ def quantize(exported, feeds, alpha, extra: dict, keep: list[str], transformer: 
         AdvancedSmoothQuantParameters,
     )
 
-    from infertune.backends.onnxruntime.quantize import keep_pattern
+    from infertune.precision.layers import keep_pattern
 
     arguments = dict(extra)
     if "preset" in arguments:

@@ -1,7 +1,7 @@
 """LiteRT's full int8 ranges: TFLite's calibrator against infertune's range pass.
 
 `litert-int8` quantizes the float32 TFLite conversion on activation ranges measured on the
-first 32 calibration samples (backends/litert/convert.py `_calibrated`). TFLite's calibrator runs
+first 32 calibration samples (backends/litert/quantize.py `_calibrated`). TFLite's calibrator runs
 the
 model one sample at a time in its interpreter, on one core; infertune's range pass runs it
 with XNNPACK, every tensor an op reads or writes made an output (`_ranged`). Per model of the
@@ -31,7 +31,7 @@ WAYS = ("calibrator", "range pass")
 
 def ranged(flatbuffer: bytes, samples, way: str) -> tuple[bytes, float]:
     """The flatbuffer with its ranges measured `way`, and the seconds it took."""
-    from infertune.backends.litert import convert as tflite
+    from infertune.backends.litert import quantize as tflite
 
     measure = tflite._ranged if way == "range pass" else tflite._calibrator_ranged
     start = time.perf_counter()
@@ -59,7 +59,7 @@ def int8_predictions(content: bytes, xs: np.ndarray) -> np.ndarray:
 def one_model(name: str, rounds: int, cache: Path) -> None:
     from tensorflow.lite.python import convert, lite
 
-    from infertune.backends.litert import convert as tflite
+    from infertune.backends.litert import quantize as tflite
     from infertune.precision.data import calibration_batches
 
     model, data = bench_models.cached_model(name, cache)

@@ -34,7 +34,7 @@ __all__ = [
 ]
 
 # Every option's choices and default are here, once: optimize(), Options.checked and the
-# command line (cli/__init__.py) read them from this module.
+# command line (cli/options.py) read them from this module.
 OBJECTIVES = ("latency", "throughput")
 PRECISIONS = ("fp32", "fp16", "bf16", "int8")
 ISOLATIONS = ("process", "thread", "off")

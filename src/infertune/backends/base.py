@@ -1,9 +1,9 @@
 """What every candidate backend is: a way to prepare and run one model on one runtime.
 
 A backend knows how to prepare and run the model, and nothing about selection. The
-pipeline (api.py) calls, in order: `available()` (cheap: no conversion, no heavy import
-where avoidable), `prepare(target)` (convert, compile, build sessions), then `run(inputs)`
-many times, then `close()` for candidates not chosen.
+pipeline (pipeline/preparing.py) calls, in order: `available()` (cheap: no conversion, no
+heavy import where avoidable), `prepare(target)` (convert, compile, build sessions), then
+`run(inputs)` many times, then `close()` for candidates not chosen.
 
 `run` takes and returns flat lists of numpy arrays on the host: returning host arrays is the
 synchronization point that keeps asynchronous device work inside the timed call.
@@ -13,16 +13,16 @@ writes the files the prepared backend runs (an ONNX file, a SavedModel) and retu
 settings as JSON-able values; the classmethod `load_artifact(directory, settings, target)`
 returns a prepared backend from them, without TensorFlow where the runtime does not need it.
 The manifest stores the class's `name` (the part before any `:variant`), which picks the
-class back from the registry (backends/__init__.py `backend_class`). A backend that does not
+class back from the registry (backends/registry.py `backend_class`). A backend that does not
 write them cannot be saved, and says so.
 
-Isolation (isolation.py): a native runtime that segfaults or hangs while it compiles or first
-runs the model must not take optimize() down. A backend that sets `rehearse_in_child` splits
-prepare() in two: `convert(target)` builds, in this process, what needs TensorFlow (the ONNX
-export, the TFLite conversion), after which `save_artifact` already works; the pipeline then
-rebuilds the backend from those files with `load_artifact` in a child process without
-TensorFlow and runs the verification inputs there first. Only when the child survives does
-prepare() compile the same files here.
+Isolation (pipeline/isolation.py): a native runtime that segfaults or hangs while it compiles
+or first runs the model must not take optimize() down. A backend that sets
+`rehearse_in_child` splits prepare() in two: `convert(target)` builds, in this process, what
+needs TensorFlow (the ONNX export, the TFLite conversion), after which `save_artifact` already
+works; the pipeline then rebuilds the backend from those files with `load_artifact` in a
+child process without TensorFlow and runs the verification inputs there first. Only when the
+child survives does prepare() compile the same files here.
 
 Triton: a backend whose artifact one of Triton's own backends serves sets `triton_serves`
 (read from the class itself, like `rehearse_in_child`) and writes its `triton_plan`: the
@@ -95,7 +95,7 @@ class Backend(ABC):
     # TensorFlow. Read from the class itself, never inherited: a subclass may build itself
     # differently from what its files carry, so it says so on its own.
     rehearse_in_child: ClassVar[bool] = False
-    # For the order and the time budget (planning.py): the shared conversions (Target keys)
+    # For the order and the time budget (pipeline/planning.py): the shared conversions (Target keys)
     # its prepare() builds, counted once for every candidate that needs them, and what its
     # own conversion, compile and rehearsal cost, in units of one trace of the model (the
     # trace's time grows with the graph and the machine's speed as theirs do).
@@ -109,6 +109,10 @@ class Backend(ABC):
     # Copies of the weights it makes only while it compiles (XLA's buffers for a gather on an
     # embedding table), beyond memory_factor: counted while it is admitted, not after.
     compile_memory_factor: ClassVar[float] = 0.0
+    # Copies of the weights each `shaped_runner()` holds beyond the backend's own (LiteRT's
+    # interpreters pack the weights again; a CUDA-graph session holds them on the GPU): what
+    # each bucket padded for it costs (pipeline/traffic_plan.py bounds the buckets by it).
+    bucket_memory_factor: ClassVar[float] = 0.0
     # Where the candidate differs from another of its class only in a session option that
     # seldom decides the choice (ONNX Runtime's spinning, optimization level, execution mode):
     # that option, in words. Such a variant is not tried where memory is tight
@@ -203,6 +207,14 @@ class Backend(ABC):
         array of exactly `shape` (the tuned one) and returns the output array, with less
         per-call work than run(). None (the default): the call path uses run()."""
         return None
+
+    def shaped_runner(self) -> Callable[[list[np.ndarray]], list[np.ndarray]]:
+        """A run of its own for calls that share their shapes (one bucket's, where
+        optimize(traffic=...) pads requests into buckets): a runtime that prepares per shape
+        (LiteRT's interpreters allocated at a shape, a CUDA graph captured at one) keeps that
+        state apart for them, so that calls at another bucket's shapes do not undo it. The
+        default: run() itself, for a runtime whose calls at any shape share everything."""
+        return self.run
 
     def dict_runner(
         self, inputs: tuple[tuple[Any, np.dtype, frozenset], ...]

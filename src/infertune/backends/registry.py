@@ -19,10 +19,10 @@ from functools import partial
 
 from .base import Backend
 from .keras_eager import KerasEager
-from .litert.backend import (
+from .litert.backend import litert_variants
+from .litert.int8 import (
     LiteRTDynamicInt8,
     LiteRTInt8,
-    litert_variants,
 )
 from .onnxruntime.cpu import (
     OnnxRuntimeCpuInt8,

@@ -6,7 +6,7 @@ the chain wins.
 `TfHeadChain(body_backend, split)` is named `tf-head+<body's name>`; its body backend gets
 a Target of its own for the body model (shared by every chain, so the body's ONNX export and
 TFLite conversion are made once). Where its candidate is rehearsed in a child process
-(isolation.py), the child rehearses the body alone, on the head's outputs for the
+(pipeline/isolation.py), the child rehearses the body alone, on the head's outputs for the
 verification inputs (the head runs here: the child has no TensorFlow). Saved, a chain is
 the head's SavedModel beside the body's own artifact; loading it needs TensorFlow, for the
 head.

@@ -2,7 +2,7 @@
 
 The ONNX export replaces functions of library modules for as long as a step of its runs:
 TensorFlow's `tensor_util.make_tensor_proto` while it freezes the traced function (tf2onnx's
-`convert_variables_to_constants_large_model` does so itself, and export/onnx.py
+`convert_variables_to_constants_large_model` does so itself, and export/onnx_freeze.py
 `_weights_apart` on top, to keep the weights apart), and tf2onnx's `tfonnx.resolve_functions`
 and `tf_utils.tf_to_onnx_tensor` while it reads the graph. Each
 saves the function it finds and puts it back at the end; two optimize() calls in threads

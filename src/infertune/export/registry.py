@@ -7,8 +7,9 @@ stage of its own in the report. Planning (pipeline/planning.py: the order and th
 budget), memory admission (pipeline/memory.py), the offload to a worker process
 (pipeline/offload.py, tf_worker.py) and the report's stage names all read this table.
 
-Adding a conversion: its module in export/ with a build function `build(target) -> value`,
-and one line in CONVERSIONS. A backend names the keys it uses in `Backend.conversions`.
+Adding a conversion: its module with a build function `build(target) -> value` (in export/
+where several runtimes share it, in its runtime's folder in backends/ where one runtime runs
+it), and one line in CONVERSIONS. A backend names the keys it uses in `Backend.conversions`.
 """
 
 from __future__ import annotations
@@ -18,14 +19,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..backends.litert.convert import CALIBRATION_SAMPLES as TFLITE_SAMPLES
 from ..backends.litert.convert import (
     convert_fixed,
     convert_free,
-    convert_int8,
     read_conversion,
     write_conversion,
 )
+from ..backends.litert.quantize import CALIBRATION_SAMPLES as TFLITE_SAMPLES
+from ..backends.litert.quantize import convert_int8
 from ..backends.onnxruntime.quantize import CALIBRATION_SAMPLES as ORT_SAMPLES
 from ..backends.onnxruntime.quantize import (
     quantize_dynamic_int8,
@@ -68,10 +69,9 @@ class Conversion:
 
     `cost`: seconds (whatever the model, per second of one trace of it) on the 2-core machine,
     before the corrections each machine learns (pipeline/machine.py). `memory`: copies of the
-    weights
-    it holds at its peak beyond the model, in this process; `memory_in_child`: in a child
-    process of its own, where it runs there (`in_child(size)`), learned and estimated under
-    the key + "-child" (pipeline/memory.py). `uninterruptible`: the share of its time spent
+    weights it holds at its peak beyond the model, in this process; `memory_in_child`: in a
+    child process of its own, where it runs there (`in_child(size)`), learned and estimated
+    under the key + "-child" (pipeline/memory.py). `uninterruptible`: the share of its time spent
     in one native call that holds the GIL (a stage abandoned at the budget's end returns only
     when that call does). `worker`: set where a worker process may build it. `samples`: the
     calibration samples it reads (the first ones: what a worker process is given), 0 for
@@ -106,13 +106,11 @@ class Conversion:
 # full int8 15.2 s from the float32 conversion the LiteRT candidates share when TFLite's
 # calibrator ran the model on 32 samples in the interpreter on one core (12.4 s, 20 GFLOP/s);
 # infertune's range pass runs them with XNNPACK on both cores in 3.1-3.9 s, reading and
-# writing the flatbuffer included (about 70 GFLOP/s, backends/litert/convert.py `_ranged`), then
-# 2.8 s
-# the quantization (MobileNetV2 224 0.3 s, the BERT-sized encoder, 0.2 s trace, 6.6 s with
-# the calibrator);
-# NNCF 15.9 s, 9.5 of it its statistics on 128 samples (OpenVINO, 104 GFLOP/s), the rest two
-# compiles and its graph matching; ONNX Runtime's static quantization 5.7 s, 2.3 of it the
-# calibration on 32 samples (110 GFLOP/s).
+# writing the flatbuffer included (about 70 GFLOP/s, backends/litert/quantize.py `_ranged`),
+# then 2.8 s the quantization (MobileNetV2 224 0.3 s, the BERT-sized encoder, 0.2 s trace,
+# 6.6 s with the calibrator); NNCF 15.9 s, 9.5 of it its statistics on 128 samples (OpenVINO,
+# 104 GFLOP/s), the rest two compiles and its graph matching; ONNX Runtime's static
+# quantization 5.7 s, 2.3 of it the calibration on 32 samples (110 GFLOP/s).
 CONVERSIONS: dict[str, Conversion] = {
     c.key: c
     for c in (

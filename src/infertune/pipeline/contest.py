@@ -123,7 +123,7 @@ def _contest(
     if frame.traffic is not None and forced is None:
         traffic = plan_buckets(
             frame.traffic, signature, results, contenders, choice.general.name, options.rtol,
-            options.atol, progress, run.exclusive,
+            options.atol, progress, run.exclusive, target.weights_measured, run.memory_budget,
         )  # fmt: skip
         choice.buckets = traffic.buckets
         progress.say(traffic_words(traffic))
@@ -166,6 +166,7 @@ def _contest(
         )
     report = _report(frame, options, results, environment, selection, notes, diagnosis, times)
     report.memory = _memory(memory, target, progress)
+    report.traffic = traffic.summary if traffic is not None else None
     tip = allocators_note() if report.memory is not None and target.memory_tight else None
     if tip is not None:
         report.notes.append(tip)

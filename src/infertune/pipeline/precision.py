@@ -8,7 +8,7 @@ has (`Backend.calibration_methods`: percentile, entropy after min-max), each qua
 judged (OpenVINO's int8 on an attention model: NNCF's transformer rules without SmoothQuant).
 Then, for a candidate that can leave layers in float32 (`Backend.keeps_layers`), quantized
 with the method that came closest to passing (the least bound of the drop), the layers are
-ranked by the error each adds (backends/onnxruntime/quantize.py `layer_errors`: the float32
+ranked by the error each adds (precision/layers.py `layer_errors`: the float32
 export and its static int8 form run side by side on the calibration inputs, each quantized
 layer's output compared, less what its inputs already carried), and the worst are kept in
 float32 one at a time: after each, the candidate is quantized again, verified, timed against
@@ -34,9 +34,9 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ..accuracy import Judgement
-from ..backends.onnxruntime.quantize import layer_errors
 from ..errors import one_line
 from ..export.registry import export_onnx, shared, static_int8
+from ..precision.layers import layer_errors
 from ..report import CandidateResult
 from .context import Candidate
 from .timing import measure_interleaved
@@ -293,7 +293,7 @@ def _layer_errors(run: Preparation) -> dict[str, float]:
 
 
 def ranking_inputs(target: Target) -> tuple[Any, Any, list[dict[str, np.ndarray]]]:
-    """What the layers are ranked on (backends/onnxruntime/quantize.py `layer_errors`): the float32
+    """What the layers are ranked on (precision/layers.py `layer_errors`): the float32
     export,
     its static int8 form, and the first RANKING_SAMPLES calibration samples."""
     exported = export_onnx(target)

@@ -38,9 +38,10 @@ from ..errors import one_line
 from ..model.inputs import InputSignature
 from ..model.tolerance import compare_outputs
 from ..model.traffic import Traffic, shapes_at
+from ..options import REFERENCE_NAMES
 from ..report import CandidateResult
 from ..report.progress import Progress
-from ..result.buckets import Bucket, Buckets, bucketed
+from ..result.buckets import Bucket, Buckets
 from .exclusive import Exclusive
 from .padding import PaddingCheck, check_padding
 from .reference import Check
@@ -140,9 +141,12 @@ def plan_buckets(
     atol: float,
     progress: Progress,
     exclusive: Exclusive | None,
+    weights_bytes: int | None = None,
+    memory_free: int | None = None,
 ) -> TrafficPlan:
     """The buckets for the traffic (see the module's doc), or the best candidate at exact
-    shapes where buckets do not win (or padding is not exact)."""
+    shapes where buckets do not win (or padding is not exact). `weights_bytes` and
+    `memory_free` bound the buckets of a runtime that copies the weights for each."""
     traffic = frame.traffic
     summary: dict = {"traffic": traffic.describe(), "requests": len(traffic)}
     if not frame.lengths:
@@ -162,7 +166,8 @@ def plan_buckets(
         switch_ms=switch,
     )
     padding_ok = frame.dim_index is not None
-    plan = _best_plan(frame.lengths, planning, costs, switch, exact_ok, padding_ok)
+    most = _most_buckets(costs, contenders, weights_bytes, memory_free)
+    plan = _best_plan(frame.lengths, planning, costs, switch, exact_ok, padding_ok, most)
     single = _best_single(planning, frame.lengths, costs, switch, exact_ok)
     padded_max = min(
         ((n, float(c[-1])) for n, c in costs.items() if not math.isnan(c[-1])),
@@ -214,10 +219,11 @@ def _measured_names(
     results: list[CandidateResult], contenders: dict[str, Backend], chosen: str
 ) -> list[str]:
     """The MEASURED fastest candidates that run any shape (by p50 at the sample's), the
-    choice among them."""
+    choice among them; not the model's own call (the reference), unless it is the choice."""
     ranked = sorted(
         (r for r in results if r.name in contenders and r.latency is not None
-         and contenders[r.name].exact_shapes is None),
+         and contenders[r.name].exact_shapes is None
+         and (r.name not in REFERENCE_NAMES or r.name == chosen)),
         key=lambda r: r.latency.p50,
     )  # fmt: skip
     names = [r.name for r in ranked[:MEASURED]]
@@ -376,6 +382,20 @@ def _bucket_options(
     return best
 
 
+def _most_buckets(
+    costs: dict[str, np.ndarray],
+    contenders: dict[str, Backend],
+    weights_bytes: int | None,
+    memory_free: int | None,
+) -> int:
+    """MAX_BUCKETS, or fewer where a measured candidate copies the weights for each bucket
+    (Backend.bucket_memory_factor) and half the memory free holds no more copies."""
+    factor = max((contenders[name].bucket_memory_factor for name in costs), default=0.0)
+    if factor <= 0 or not weights_bytes or memory_free is None:
+        return MAX_BUCKETS
+    return max(1, min(MAX_BUCKETS, int(0.5 * memory_free / (factor * weights_bytes))))
+
+
 def _best_plan(
     points: list[int],
     planning: np.ndarray,
@@ -383,17 +403,18 @@ def _best_plan(
     switch: dict[str, float],
     exact_ok: list[str],
     padding_ok: bool,
+    most: int = MAX_BUCKETS,
 ) -> list[_Choice]:
     """The buckets (bounds among `points`) and their candidates of least expected latency,
-    each bucket after the first saving BUCKET_GAIN of it, at most MAX_BUCKETS."""
+    each bucket after the first saving BUCKET_GAIN of it, at most `most`."""
     k = len(points)
     bounds = [0, *points]
     # best[b][j]: (cost, plan) covering lengths up to points[j-1] with b buckets.
     best: list[list[tuple[float, list[_Choice]] | None]] = [
-        [None] * (k + 1) for _ in range(MAX_BUCKETS + 1)
+        [None] * (k + 1) for _ in range(most + 1)
     ]
     best[0][0] = (0.0, [])
-    for b in range(1, MAX_BUCKETS + 1):
+    for b in range(1, most + 1):
         for j in range(1, k + 1):
             for i in range(j):
                 previous = best[b - 1][i]
@@ -408,7 +429,7 @@ def _best_plan(
                 total = previous[0] + option.cost
                 if best[b][j] is None or total < best[b][j][0]:
                     best[b][j] = (total, [*previous[1], option])
-    plans = [best[b][k] for b in range(1, MAX_BUCKETS + 1) if best[b][k] is not None]
+    plans = [best[b][k] for b in range(1, most + 1) if best[b][k] is not None]
     if not plans:
         return []
     chosen = plans[0]
@@ -513,7 +534,7 @@ def _exact_buckets(backend: Backend, frame: TrafficFrame) -> Buckets:
 def _verify(buckets: Buckets, frame: TrafficFrame, rtol: float, atol: float) -> str | None:
     """Every stored request (each bucket's bound, held-out lengths) through the buckets
     against the model's outputs on it; None where all match, else what failed."""
-    run = bucketed(buckets)
+    run = buckets.run
     for n, check in frame.checks.items():
         try:
             got = run(check.inputs)
@@ -548,7 +569,7 @@ def _held_out_timing(
         else signature.random_inputs(rng, shapes=traffic.shapes(row, signature))
         for row in rows
     ]  # fmt: skip
-    plan_run, exact_run = bucketed(buckets), exact.run
+    plan_run, exact_run = buckets.run, exact.run
     totals = {"plan": 0.0, "exact": 0.0}
     text = f"timing the buckets against {exact.name} on {len(rows)} held-out requests"
     guard = exclusive.timing() if exclusive is not None else _nothing()

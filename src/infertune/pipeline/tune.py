@@ -15,7 +15,7 @@ import numpy as np
 
 from ..model.inputs import build_signature
 from ..model.source import load_model
-from ..model.traffic import read_traffic
+from ..model.traffic import Traffic, read_traffic
 from ..options import Options
 from ..precision.data import calibration_batches, labelled_batches
 from ..report import Report
@@ -63,6 +63,10 @@ def read_data(model: Model, options: Options, progress: Progress) -> Options:
         progress.say(f"traffic: {model.traffic.describe()}")
         digest = model.traffic.digest()
         options = dataclasses.replace(options, traffic=model.traffic, traffic_digest=digest)
+        sizes = traffic_batch_sizes(model.traffic)
+        if options.batch_sizes is None and sizes and model.signature.batch_is_dynamic:
+            progress.say(f"batch sizes from the traffic: {list(sizes)}")
+            options = dataclasses.replace(options, batch_sizes=sizes)
     if options.calibration is None and options.accuracy is None:
         return options
     digest = hashlib.sha256()
@@ -76,6 +80,25 @@ def read_data(model: Model, options: Options, progress: Progress) -> Options:
             for labelled in model.labelled:
                 _digest(digest, [*labelled.inputs, labelled.labels])
     return dataclasses.replace(options, data_digest=digest.hexdigest()[:32])
+
+
+# The batch sizes tuned where the traffic's requests come in several: each distinct one, or
+# where there are more, these quantiles of them (the largest always among them: a call goes
+# to the choice for the smallest tuned batch size at or above its own).
+BATCH_QUANTILES = (0.0, 0.5, 0.75, 0.9, 1.0)
+MAX_TRAFFIC_BATCH_SIZES = 5
+
+
+def traffic_batch_sizes(traffic: Traffic) -> tuple[int, ...] | None:
+    """The batch sizes to tune at for the traffic's requests; None where they are one."""
+    distinct = sorted({int(n) for n in traffic.batches})
+    if len(distinct) < 2:
+        return None
+    if len(distinct) > MAX_TRAFFIC_BATCH_SIZES:
+        distinct = sorted(
+            {int(n) for n in np.quantile(traffic.batches, BATCH_QUANTILES, method="higher")}
+        )
+    return tuple(distinct)
 
 
 def _digest(digest: Any, arrays: list[np.ndarray]) -> None:

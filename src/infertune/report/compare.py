@@ -42,9 +42,9 @@ from ..system.paths import user_path
 from . import Report
 
 __all__ = [
-    "Comparison",
     "LatencyChange",
     "MetricChange",
+    "ReportComparison",
     "compare",
     "compare_files",
     "load_report",
@@ -188,7 +188,7 @@ class MetricChange:
 
 
 @dataclass
-class Comparison:
+class ReportComparison:
     """OLD against NEW: truthy when the gate passed (`passed`); `regressions` says why not,
     `text()` is the table `infertune compare` prints, `to_dict()` the same as data."""
 
@@ -324,7 +324,7 @@ def compare(
     *,
     max_slowdown: float = MAX_SLOWDOWN,
     max_drop: float = MAX_DROP,
-) -> Comparison:
+) -> ReportComparison:
     """Compare two reports (see the module's docstring for the rule)."""
     if not max_slowdown >= 1.0:
         raise OptionError(
@@ -332,7 +332,7 @@ def compare(
         )
     if not max_drop >= 0.0:
         raise OptionError(f"max_drop must be >= 0. Received: {max_drop!r}.")
-    result = Comparison(old, new, max_slowdown, max_drop)
+    result = ReportComparison(old, new, max_slowdown, max_drop)
     result.chosen = _chosen(old, new, max_slowdown)
     old_by_name = {c.name: c for c in old.candidates}
     new_by_name = {c.name: c for c in new.candidates}
@@ -368,7 +368,7 @@ def compare_files(
     *,
     max_slowdown: float = MAX_SLOWDOWN,
     max_drop: float = MAX_DROP,
-) -> Comparison:
+) -> ReportComparison:
     """`compare` on two reports read by `load_report` (JSON files or saved results)."""
     result = compare(load_report(old), load_report(new), max_slowdown=max_slowdown,
                      max_drop=max_drop)  # fmt: skip

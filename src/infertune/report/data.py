@@ -1,16 +1,18 @@
-"""The report of one optimize() run: every candidate, its fate, its numbers, the environment."""
+"""The report of one optimize() run as values: every candidate, its fate, its numbers, the
+environment, and their dicts and JSON. Its renderings are apart: text.py (`str(report)`,
+which the methods here call) and html.py (`to_html`)."""
 
 from __future__ import annotations
 
 import json
 import math
-from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ..pipeline.timing import LatencyStats
 from ..system.paths import user_path
 from .stages import StageTimes
+from .text import batch_lines, diagnosis_text, exact_shapes_words, report_text
 
 __all__ = [
     "BatchResult",
@@ -63,9 +65,7 @@ class CandidateResult:
     @property
     def exact_words(self) -> str:
         """'serves only the sample's shapes ... (why)', or '' for a candidate of any shape."""
-        if self.exact_shapes is None:
-            return ""
-        return f"serves only the sample's shapes {_shapes(self.exact_shapes)} ({self.exact_reason})"
+        return exact_shapes_words(self)
 
     @property
     def p50(self) -> float | None:
@@ -172,6 +172,11 @@ class Report:
     # process), sampled every 0.5 s: "before_bytes" when tuning began, "peak_bytes", and the
     # model's "weights_bytes". None where it could not be read.
     memory: dict | None = None
+    # optimize(traffic=...): the traffic, the padding check, the lengths each candidate was
+    # timed at, the buckets and what they are expected to cost against padding to the longest
+    # and the best single candidate at exact shapes, and their held-out timing (pipeline/
+    # traffic_plan.py writes it); None without traffic.
+    traffic: dict | None = None
 
     @property
     def backends_by_batch(self) -> dict[int, str]:
@@ -191,12 +196,12 @@ class Report:
             return None
         sizes = [
             b.batch_size
-            for b in self._batches()
+            for b in self.batch_results()
             if b.latency[b.selected].p99 <= self.latency_budget_ms
         ]
         return max(sizes, default=None)
 
-    def _batches(self) -> list[BatchResult]:
+    def batch_results(self) -> list[BatchResult]:
         """The per-batch results; one built from the candidates where one size was tuned."""
         if self.batches:
             return self.batches
@@ -212,32 +217,7 @@ class Report:
     def batch_summary(self) -> list[str]:
         """Lines on the choice per batch size and the latency budget; none for one batch size
         without a budget."""
-        lines = []
-        if len(self.batches) > 1:
-            lines.append(
-                "choice per batch size: "
-                + ", ".join(f"{b.batch_size}: {b.selected}" for b in self.batches)
-            )
-        if self.latency_budget_ms is not None:
-            lines.append(self._budget_line())
-        return lines
-
-    def _budget_line(self) -> str:
-        budget = self.latency_budget_ms
-        pairs = [(b, name, s) for b in self._batches() for name, s in b.latency.items()]
-        within = [(b, name, s) for b, name, s in pairs if s.p99 <= budget]
-        if not within:
-            b, name, s = min(pairs, key=lambda t: t[2].p99)
-            return (
-                f"latency budget {budget:g} ms: met by no batch size and candidate; the lowest "
-                f"p99 was {s.p99:.4g} ms ({name} at batch {b.batch_size})"
-            )
-        b, name, s = max(within, key=lambda t: t[0].samples_per_s(t[1]))
-        return (
-            f"latency budget {budget:g} ms: largest batch size within it "
-            f"{self.max_batch_size_within_budget}; most samples/s within it: {name} at batch "
-            f"{b.batch_size} ({b.samples_per_s(name):,.0f} samples/s, p99 {s.p99:.4g} ms)"
-        )
+        return batch_lines(self)
 
     def candidate(self, name: str) -> CandidateResult:
         for result in self.candidates:
@@ -271,6 +251,7 @@ class Report:
             "general_backend": self.general_backend,
             "general_reason": self.general_reason,
             "memory": self.memory,
+            "traffic": self.traffic,
         }
 
     @classmethod
@@ -313,153 +294,10 @@ class Report:
         return render(self) if path is None else write_html(self, path)
 
     def __str__(self) -> str:
-        return self.table()
+        return report_text(self)
 
     def table(self) -> str:
-        header = (
-            "candidate", "status", "p50 ms", "p90 ms", "p99 ms", "samples/s",
-            "1st call ms", "prepare s", "rel err", "n",
-        )  # fmt: skip
-        rows = [header]
-        grouped = self._unavailable_groups()
-        hidden = {name for names in grouped.values() for name in names}
-        for c in self.candidates:
-            if c.name in hidden:
-                continue
-            lat = c.latency
-            rows.append(
-                (
-                    c.name,
-                    c.status,
-                    _num(lat.p50 if lat else None),
-                    _num(lat.p90 if lat else None),
-                    _num(lat.p99 if lat else None),
-                    _num(c.throughput),
-                    _num(c.first_call_ms),
-                    _num(c.prepare_s),
-                    _err(c.max_rel_err),
-                    str(lat.n) if lat else "-",
-                )
-            )
-        widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
-        cached = " (from the tuning cache: measured earlier, not in this call)"
-        lines = [
-            f"infertune report: {self.model}{cached if self.from_cache else ''}",
-            f"inputs: {self.signature}   batch: {self.batch_size}   objective: {self.objective}"
-            f"   tolerance: rtol={self.rtol:g} atol={self.atol:g}",
-            "",
-        ]
-        for i, row in enumerate(rows):
-            cells = [
-                cell.ljust(w) if j < 2 else cell.rjust(w)
-                for j, (cell, w) in enumerate(zip(row, widths))
-            ]
-            lines.append("  ".join(cells).rstrip())
-            if i == 0:
-                lines.append("  ".join("-" * w for w in widths))
-        lines.append("")
-        if self.memory and self.memory.get("peak_bytes"):
-            lines.append(memory_line(self.memory))
-        lines.extend(self._reason_lines(hidden))
-        lines.extend(self._precision_lines())
-        for clause, names in grouped.items():
-            lines.append(
-                f"  unavailable here ({len(names)}): {', '.join(names)}: {clause} (each one's "
-                f"whole reason: report.to_dict(), or verbose=True)"
-            )
-        lines.extend(self._batch_table())
-        lines.append("")
-        lines.append(f"selected: {self.selected} ({self.selection_reason})")
-        if self.general_backend:
-            lines.append(f"every other shape: {self.general_backend} ({self.general_reason})")
-        lines.extend(self.batch_summary())
-        for note in self.notes:
-            lines.append(f"note: {note}")
-        lines.append(f"optimize() took {self.total_s:.1f} s")
-        if self.stages is not None:
-            lines.extend("  " + line for line in self.stages.summary().splitlines())
-        if self.diagnosis is not None:
-            lines.extend(["", str(self.diagnosis)])
-        return "\n".join(lines)
-
-    def _precision_lines(self) -> list[str]:
-        """What each reduced-precision candidate the gate judged kept of the task (or of its
-        agreement with the model), and the rule."""
-        judged = [c for c in self.candidates if c.gate]
-        if not judged:
-            return []
-        lines = [f"  reduced precision, judged by {judged[0].gate}:"]
-        for c in judged:
-            if c.metric is not None:
-                words = (
-                    f"{c.metric:.4g} against the model's {c.reference_metric:.4g}: drop "
-                    f"{c.metric_drop:.4g}, at most {c.metric_drop_bound:.4g} (max_drop "
-                    f"{c.max_drop:g})"
-                )
-            else:
-                words = c.reason if c.status != "mismatch" else c.reason.split(" (")[0]
-            if c.quantization:
-                words += f"; {c.quantization}"
-            for kept in c.kept_fp32 or []:
-                words += f"; kept {kept['layer']} in float32: p50 {kept['p50_ms']:.4g} ms"
-            lines.append(f"    {c.name} ({c.status}): {words}")
-        return lines
-
-    def _unavailable_groups(self) -> dict[str, list[str]]:
-        """{first clause of the reason: names} for candidates unavailable for the same first
-        reason (the GPU candidates on a machine without a GPU): one line in the table's
-        place instead of one row and one reason each."""
-        groups: dict[str, list[str]] = {}
-        for c in self.candidates:
-            if c.status == "unavailable" and c.reason:
-                groups.setdefault(c.reason.split("; ")[0], []).append(c.name)
-        return {clause: names for clause, names in groups.items() if len(names) > 1}
-
-    def _reason_lines(self, hidden: set[str]) -> list[str]:
-        """Why each candidate has its status, a clause that several candidates' reasons share
-        said once for all of them, after theirs."""
-        clauses = {
-            c.name: [part for part in (c.exact_words, *c.reason.split("; ")) if part]
-            for c in self.candidates
-            if c.name not in hidden
-        }
-        counts = Counter(clause for parts in clauses.values() for clause in set(parts))
-        shared = [clause for clause, n in counts.items() if n > 1]
-        lines = []
-        for name, parts in clauses.items():
-            own = [part for part in parts if part not in shared]
-            if own:
-                lines.append(f"  {name}: {'; '.join(own)}")
-        for clause in shared:
-            names = [name for name, parts in clauses.items() if clause in parts]
-            lines.append(f"  {', '.join(names)}: {clause}")
-        return lines
-
-    def _batch_table(self) -> list[str]:
-        """Batch size x candidate (p50, p90, p99, samples/s), the choice starred, with why
-        each choice was made; nothing where one batch size was tuned."""
-        if len(self.batches) < 2:
-            return []
-        header = ("batch", "candidate", "p50 ms", "p90 ms", "p99 ms", "samples/s")
-        rows = [header]
-        for b in self.batches:
-            for name, s in sorted(b.latency.items(), key=lambda item: item[1].p50):
-                star = "* " if name == b.selected else "  "
-                rows.append(
-                    (str(b.batch_size), star + name, _num(s.p50), _num(s.p90), _num(s.p99),
-                     _num(b.samples_per_s(name)))
-                )  # fmt: skip
-        widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
-        lines = ["", "per batch size (* = chosen there):"]
-        for i, row in enumerate(rows):
-            cells = [
-                c.ljust(w) if j < 2 else c.rjust(w) for j, (c, w) in enumerate(zip(row, widths))
-            ]
-            lines.append("  " + "  ".join(cells).rstrip())
-            if i == 0:
-                lines.append("  " + "  ".join("-" * w for w in widths))
-        lines.extend(f"  batch {b.batch_size}: {b.selected} ({b.reason})" for b in self.batches)
-        return lines
+        return report_text(self)
 
 
 # -- the diagnosis' values (pipeline/diagnosis.py measures them) ------------------------
@@ -546,52 +384,7 @@ class Diagnosis:
         return cls(**data)
 
     def __str__(self) -> str:
-        ref = self.reference
-        lines = [f"diagnosis: {self.model}, batch {self.batch_size}"]
-        if self.flops is not None and self.peak_gflops:
-            lines.append(
-                f"  work: {self.flops / 1e6:,.2f} MFLOP per call ({self.flops_note}); this "
-                f"machine's measured float32 rate: {self.peak_gflops:,.0f} GFLOP/s"
-            )
-        else:
-            lines.append(f"  work: unknown ({self.flops_note})")
-        for p in self.paths:
-            rate = (
-                f"{p.gflops:,.2f} GFLOP/s = {p.share_of_peak:.1%} of peak ({p.bound})"
-                if p.gflops is not None
-                else "rate unknown"
-            )
-            first = "-" if p.first_call_ms is None else f"{p.first_call_ms:,.1f} ms"
-            steady = "-" if p.p50_ms is None else f"{p.p50_ms:,.4g} ms"
-            lines.append(f"  {p.name:<26} first call {first:>10}   steady {steady:>10}   {rate}")
-        if self.model_call_ms is not None and self.predict_ms is not None:
-            lines.append(
-                f"  model.predict(x): {self.predict_ms:,.2f} ms per call vs model(x) "
-                f"{self.model_call_ms:,.3f} ms ({self.predict_ms / self.model_call_ms:,.1f}x)"
-            )
-        if self.retracing is not None:
-            r = self.retracing
-            lines.append(
-                f"  retracing: a plain tf.function traced {r.traces_plain} times over batch sizes "
-                f"{r.batch_sizes} ({r.trace_ms_plain:,.0f} ms of tracing, vs {r.steady_ms:.3f} ms "
-                f"per traced call); with a None batch dimension in input_signature: "
-                f"{r.traces_with_signature} trace"
-            )
-        lines.append(f"  threads: {_words(self.threads)}")
-        lines.append(f"  CPU features: {', '.join(self.cpu_features) or 'none detected'}")
-        lines.append(f"  GPU: {self.gpu}")
-        lines.append(f"  verdict: model(x) is {self.verdict} ({_share(ref)} of peak)")
-        for i, line in enumerate(self.advice, 1):
-            lines.append(f"  {i}. {line}")
-        return "\n".join(lines)
-
-
-def _share(path: PathRate) -> str:
-    return "unknown share" if path.share_of_peak is None else f"{path.share_of_peak:.2%}"
-
-
-def _words(values: dict) -> str:
-    return ", ".join(f"{k}={v}" for k, v in values.items())
+        return diagnosis_text(self)
 
 
 def _stats(data: dict) -> LatencyStats:
@@ -599,25 +392,6 @@ def _stats(data: dict) -> LatencyStats:
     for key in ("round_medians", "round_means"):
         data[key] = tuple(data.get(key, ()))
     return LatencyStats(**data)
-
-
-def _shapes(shapes: list) -> str:
-    """[[2, 25, 4]] -> (2, 25, 4); several inputs' shapes joined by commas."""
-    return ", ".join("(" + ", ".join(map(str, shape)) + ")" for shape in shapes)
-
-
-def _num(value: float | None) -> str:
-    if value is None:
-        return "-"
-    if value >= 100:
-        return f"{value:,.0f}"
-    if value >= 1:
-        return f"{value:.2f}"
-    return f"{value:.3f}" if value >= 0.01 else f"{value:.4f}"
-
-
-def _err(value: float | None) -> str:
-    return "-" if value is None else f"{value:.1e}"
 
 
 def _unfinite(value):
@@ -634,25 +408,3 @@ def _finite(value):
     if isinstance(value, list):
         return [_finite(v) for v in value]
     return value
-
-
-def memory_line(memory: dict) -> str:
-    """The report's line on memory: the peak, what was held before, against the weights."""
-    gb = 1e9
-    peak, before = memory["peak_bytes"], memory.get("before_bytes") or 0
-    line = (
-        f"memory: peak {peak / gb:.2f} GB resident (this process and its children), "
-        f"{before / gb:.2f} GB before tuning"
-    )
-    weights = memory.get("weights_bytes")
-    if weights:
-        line += f"; {(peak - before) / weights:.1f}x the weights' {weights / gb:.2f} GB above that"
-        # (a conversion that reuses another's result holds next to nothing: not said)
-        conversions = [
-            f"{stage} {above / weights:.1f}x"
-            for stage, above in (memory.get("conversions_bytes") or {}).items()
-            if above >= 0.05 * weights
-        ]
-        if conversions:
-            line += f" (conversions at their peaks: {', '.join(conversions)})"
-    return line

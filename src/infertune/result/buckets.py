@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -46,6 +46,15 @@ class Buckets:
     beyond: Backend  # a request longer than every bucket: at its own length
     pad_values: tuple  # per flat input
     sliced: tuple[tuple[int, int], ...]  # (flat output, axis) that follow the length
+    _run: Callable | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def run(self) -> Callable[[list[np.ndarray]], list[np.ndarray]]:
+        """run(flat inputs) through the buckets (`bucketed`), built once: every call path of
+        the result shares its per-bucket state (a bucket's interpreters, its buffers)."""
+        if self._run is None:
+            self._run = bucketed(self)
+        return self._run
 
     @property
     def backends(self) -> list[Backend]:
@@ -103,7 +112,12 @@ def bucketed(buckets: Buckets) -> Callable[[list[np.ndarray]], list[np.ndarray]]
     if not buckets.buckets:  # every request at its own length, by one candidate
         return beyond
     top = buckets.buckets[-1].upper
-    runs = [(b.backend.run, b.upper if b.padded else None) for b in buckets.buckets]
+    # A padded bucket's calls share their shapes: a run of their own where the runtime keeps
+    # state per shape (Backend.shaped_runner).
+    runs = [
+        (b.backend.shaped_runner() if b.padded else b.backend.run, b.upper if b.padded else None)
+        for b in buckets.buckets
+    ]
     at = [runs[0]] * (top + 1)
     for bucket, run in zip(reversed(buckets.buckets), reversed(runs)):
         at[: bucket.upper + 1] = [run] * (bucket.upper + 1)

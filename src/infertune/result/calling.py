@@ -21,7 +21,6 @@ import numpy as np
 from ..backends.base import Backend
 from ..model.inputs import InputSignature
 from ..model.structure import Structure
-from .buckets import bucketed
 from .choice import Choice
 
 __all__ = ["call_path", "flat_runner"]
@@ -32,7 +31,7 @@ def call_path(choice: Choice) -> Callable[[Any], Any]:
     sent to the candidate the choice has for it, the output in the model's own form."""
     signature, outputs = choice.inputs, choice.outputs.structure
     if choice.buckets is not None:
-        return _through_buckets(bucketed(choice.buckets), signature, outputs)
+        return _through_buckets(choice.buckets.run, signature, outputs)
     by_batch = choice.by_batch
     general = (
         _dispatching(by_batch, signature, outputs)
@@ -49,7 +48,7 @@ def flat_runner(choice: Choice) -> Callable[[list[np.ndarray]], list[np.ndarray]
     exact-shape path for the sample's shapes, else the candidate for the batch size; the
     buckets, where the choice has them."""
     if choice.buckets is not None:
-        return bucketed(choice.buckets)
+        return choice.buckets.run
     general = _general_run(choice)
     if choice.exact_shape is None:
         return general

@@ -1,4 +1,5 @@
-"""GPU decisions that need no GPU: availability, TensorRT profiles, engine keys, IO binding.
+"""The machine's GPU facts and the decisions they make without a GPU: whether each GPU
+candidate can run here, and why not.
 
 Every GPU candidate asks `reason_unavailable(kind, facts)` whether it can run here. The facts
 (`GpuFacts`) are gathered without importing a GPU runtime or TensorFlow where there is no
@@ -11,27 +12,20 @@ of the facts, tested with facts a CPU machine cannot produce. Where the driver l
 `tensorrt` and cuda-python are imported once to know they load (a package whose libraries
 are missing is installed but does not import), and so is onnxruntime for its providers.
 
-What a backend builds on a GPU is planned here too, as values: the min/opt/max shapes of a
-TensorRT optimization profile (`profile_shapes`), the key an engine is cached under
-(`engine_cache_key`), the inputs and outputs ONNX Runtime's IO binding binds and whether a
-call may replay a CUDA graph (`IoBindingPlan`).
+What a backend builds on a GPU is planned in its runtime's folder, as values that need no GPU
+either: TensorRT's optimization profile and engine cache key (backends/tensorrt/profiles.py),
+ONNX Runtime's IO binding (backends/onnxruntime/iobinding.py).
 """
 
 from __future__ import annotations
 
 import functools
-import hashlib
 import importlib
 import importlib.util
-import json
 import sys
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-
-from ..model.inputs import InputSignature
 from .environment import (
     gpu_devices,
     install_hint,
@@ -48,17 +42,10 @@ __all__ = [
     "GPU_EXTRA",
     "TENSORRT_EXTRA",
     "GpuFacts",
-    "IoBindingPlan",
     "NO_GPU",
-    "PROFILE_MAX_BATCH",
-    "Profile",
     "TfBuild",
-    "default_batch_sizes",
-    "engine_cache_key",
     "enable_tf_memory_growth",
     "gpu_facts",
-    "iobinding_plan",
-    "profile_shapes",
     "reason_unavailable",
     "tensorrt_major",
     "tf_build",
@@ -293,164 +280,6 @@ def reason_unavailable(kind: str, facts: GpuFacts) -> str | None:
     if not facts.gpus:
         return NO_GPU + (f"; also {'; '.join(missing)}" if missing else "")
     return "; ".join(missing) or None
-
-
-# --- TensorRT optimization profiles -------------------------------------------------------
-
-Shape = tuple[int, ...]
-
-
-@dataclass(frozen=True)
-class Profile:
-    """A TensorRT optimization profile: (min, opt, max) shape per input name, in input order."""
-
-    shapes: tuple[tuple[str, Shape, Shape, Shape], ...]
-
-    def covers(self, name: str, shape: Sequence[int]) -> bool:
-        for input_name, low, _, high in self.shapes:
-            if input_name == name:
-                return len(shape) == len(low) and all(
-                    lo <= s <= hi for lo, s, hi in zip(low, shape, high)
-                )
-        return False
-
-    def ort_options(self) -> dict[str, str]:
-        """The TensorRT EP options trt_profile_{min,opt,max}_shapes ("in_0:1x3x224x224,...")."""
-        options = {}
-        for which, index in (("min", 1), ("opt", 2), ("max", 3)):
-            options[f"trt_profile_{which}_shapes"] = ",".join(
-                f"{entry[0]}:{'x'.join(map(str, entry[index]))}" for entry in self.shapes
-            )
-        return options
-
-    def to_json(self) -> list:
-        return [[name, list(lo), list(opt), list(hi)] for name, lo, opt, hi in self.shapes]
-
-    @classmethod
-    def from_json(cls, data: list) -> Profile:
-        return cls(tuple((n, tuple(lo), tuple(opt), tuple(hi)) for n, lo, opt, hi in data))
-
-
-# The largest batch a TensorRT engine is built for unless the sample's is larger: calls with a
-# free batch dimension may use any batch up to it. Larger batches need a larger profile.
-PROFILE_MAX_BATCH = 64
-
-
-def default_batch_sizes(signature: InputSignature) -> tuple[int, ...]:
-    """The batch sizes a profile covers by default: the sample's and PROFILE_MAX_BATCH."""
-    sample = signature.sample_batch
-    return (PROFILE_MAX_BATCH,) if sample is None else (sample, max(sample, PROFILE_MAX_BATCH))
-
-
-def profile_shapes(
-    signature: InputSignature, batch_sizes: Iterable[int] = (), names: Sequence[str] | None = None
-) -> Profile:
-    """The profile for the shapes in use: opt is the sample's shape (what TensorRT tunes its
-    kernels for), min has batch 1, max the largest of the sample's batch and `batch_sizes`.
-
-    Only a free batch dimension (None in the signature) varies; every other dimension is the
-    sample's in all three. `names` are the engine's input names (default: the signature's
-    ONNX names in_0, in_1, ...).
-    """
-    names = list(names) if names is not None else [f"in_{i}" for i in range(len(signature.specs))]
-    if len(names) != len(signature.specs):
-        raise ValueError(f"{len(names)} input names for {len(signature.specs)} inputs: {names}")
-    sizes = [int(b) for b in batch_sizes]
-    if any(b < 1 for b in sizes):
-        raise ValueError(f"batch sizes must be positive. Received: {sizes}.")
-    shapes = []
-    for name, spec, sample in zip(names, signature.specs, signature.sample_shapes):
-        opt = tuple(int(d) for d in sample)
-        if spec.shape and spec.shape[0] is None and opt:
-            low = (1, *opt[1:])
-            high = (max([opt[0], *sizes]), *opt[1:])
-        else:
-            low = high = opt
-        shapes.append((name, low, opt, high))
-    return Profile(tuple(shapes))
-
-
-# --- engine cache --------------------------------------------------------------------------
-
-
-def engine_cache_key(
-    model_bytes: bytes | str, precision: str, profile: Profile, trt_version: str, gpu_name: str
-) -> str:
-    """A stable hex digest naming a built engine: the same ONNX model, precision, profile,
-    TensorRT version and GPU give the same engine; anything else must build anew (an engine
-    is specific to the GPU model and the TensorRT version that built it). `model_bytes` may
-    be the path of a model.onnx whose weights are external data beside it (both hashed)."""
-    digest = hashlib.sha256()
-    if isinstance(model_bytes, str):
-        model = hashlib.sha256()
-        for file in sorted(Path(model_bytes).parent.glob("model.onnx*")):
-            with open(file, "rb") as f:
-                for block in iter(lambda f=f: f.read(1 << 24), b""):
-                    model.update(block)
-        digest.update(model.digest())
-    else:
-        digest.update(hashlib.sha256(model_bytes).digest())
-    settings = {
-        "precision": precision,
-        "profile": profile.to_json(),
-        "tensorrt": trt_version,
-        "gpu": gpu_name,
-    }
-    digest.update(json.dumps(settings, sort_keys=True).encode())
-    return digest.hexdigest()[:32]
-
-
-# --- ONNX Runtime IO binding ---------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class IoBindingPlan:
-    """What an ONNX Runtime CUDA session binds per call.
-
-    Inputs are copied to the GPU once per call (bind_cpu_input, or OrtValue.update_inplace
-    into the buffers a CUDA graph was captured with), outputs are bound on the GPU and copied
-    to the host explicitly: that copy is the synchronization point. A CUDA graph replays
-    fixed device addresses and shapes, so it serves only calls with exactly the sample's
-    shapes (`uses_graph`); every other shape goes through the plain session.
-    """
-
-    input_names: tuple[str, ...]
-    input_dtypes: tuple[np.dtype, ...]
-    input_shapes: tuple[Shape, ...]  # the sample's: the shapes a CUDA graph is captured at
-    output_names: tuple[str, ...]
-    cuda_graph: bool
-    why_no_graph: str | None = field(default=None, compare=False)
-
-    def uses_graph(self, shapes: Sequence[Sequence[int]]) -> bool:
-        return self.cuda_graph and tuple(tuple(s) for s in shapes) == self.input_shapes
-
-
-def iobinding_plan(
-    signature: InputSignature,
-    input_names: Sequence[str],
-    output_names: Sequence[str],
-    want_cuda_graph: bool,
-) -> IoBindingPlan:
-    """The binding for `signature`; a CUDA graph where asked for and the model qualifies
-    (every input has a known shape in the sample and a dtype the GPU takes)."""
-    if len(input_names) != len(signature.specs):
-        raise ValueError(f"{len(input_names)} input names for {len(signature.specs)} inputs")
-    why = None
-    dtypes = tuple(np.dtype(spec.dtype) for spec in signature.specs)
-    if not want_cuda_graph:
-        why = "not asked for"
-    elif any(dtype.kind not in "biuf" for dtype in dtypes):
-        why = "an input is neither numeric nor boolean (strings stay on the host)"
-    elif any(0 in shape for shape in signature.sample_shapes):
-        why = "an input of the sample is empty"
-    return IoBindingPlan(
-        input_names=tuple(input_names),
-        input_dtypes=dtypes,
-        input_shapes=tuple(tuple(int(d) for d in s) for s in signature.sample_shapes),
-        output_names=tuple(output_names),
-        cuda_graph=want_cuda_graph and why is None,
-        why_no_graph=why,
-    )
 
 
 # --- TensorFlow on the GPU -----------------------------------------------------------------

@@ -62,8 +62,8 @@ __all__ = [
     "onnxruntime_cpu_variants",
 ]
 
-# What ORT_PARALLEL cost where the graph is a chain (benchmarks/ort_parallel.py, 2-core AMD
-# EPYC, interleaved: 0.0182 against 0.0166 ms on the demo's small CNN at batch 1).
+# What ORT_PARALLEL cost where the graph is a chain (benchmarks/studies/ort_parallel.py, 2-core
+# AMD EPYC, interleaved: 0.0182 against 0.0166 ms on the demo's small CNN at batch 1).
 PARALLEL_OVERHEAD_WORDS = (
     "measured on a chain of layers, the demo's small CNN: 1.1x the sequential session's time"
 )

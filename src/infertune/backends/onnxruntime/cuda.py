@@ -15,8 +15,8 @@ host explicitly, and that copy is the synchronization point every timed call end
   by the gate (precision/gate.py) like bf16 and int8.
 - `onnxruntime-tensorrt`, `onnxruntime-tensorrt-fp16`: the TensorRT execution provider (the
   CUDA one behind it for the nodes TensorRT does not take), an explicit optimization profile
-  (gpu.profile_shapes), engines and timing caches on disk, fp16 as a reduced-precision
-  candidate that must pass verification like any other.
+  (backends/tensorrt/profiles.py `profile_shapes`), engines and timing caches on disk, fp16
+  as a reduced-precision candidate that must pass verification like any other.
 
 Before the first session, the CUDA and cuDNN libraries of onnxruntime-gpu's [cuda,cudnn] wheels
 are loaded (`onnxruntime.preload_dlls()`, gpu_libraries.preload_cuda), and for the TensorRT
@@ -37,6 +37,7 @@ hardware yet. Without a GPU every one of them is `unavailable` (see docs/gpu.md)
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import Callable
 from functools import partial
@@ -52,13 +53,8 @@ from ...export.registry import shared
 from ...system.gpu import (
     CUDA_EP,
     TENSORRT_EP,
-    IoBindingPlan,
-    default_batch_sizes,
-    engine_cache_key,
     gpu_facts,
     import_error,
-    iobinding_plan,
-    profile_shapes,
     reason_unavailable,
 )
 from ...system.gpu_libraries import (
@@ -70,9 +66,18 @@ from ...system.gpu_libraries import (
 )
 from ...system.settings import engine_cache_dir
 from ..base import Target
+from ..tensorrt.profiles import (
+    default_batch_sizes,
+    engine_cache_key,
+    profile_shapes,
+)
 from .cpu import (
     OnnxRuntimeCpu,
     OrtSettings,
+)
+from .iobinding import (
+    IoBindingPlan,
+    iobinding_plan,
 )
 
 __all__ = [
@@ -94,7 +99,7 @@ class OnnxRuntimeCuda(OnnxRuntimeCpu):
     """An InferenceSession on the CUDA execution provider, called through IO binding."""
 
     name = "onnxruntime-cuda"
-    kind = "onnxruntime-cuda"  # what gpu.reason_unavailable() decides for
+    kind = "onnxruntime-cuda"  # what system/gpu.py reason_unavailable() decides for
     provider = CUDA_EP
     requires = "gpu"
     runtime_packages = ("onnxruntime-gpu",)
@@ -108,6 +113,10 @@ class OnnxRuntimeCuda(OnnxRuntimeCpu):
         self.cuda_graph = cuda_graph
         self.name = type(self).name + (":graph" if cuda_graph else "") + self.settings.suffix()
         self._preload_notes: tuple[str, ...] = ()
+        # A bucket's CUDA graphs are captured in a session of their own, which holds the
+        # weights on the GPU again (Backend.bucket_memory_factor).
+        self.bucket_memory_factor = 1.0 if cuda_graph else 0.0
+        self._bucket_graphs: list[_GraphsAtShapes] = []
 
     def available(self) -> str | None:
         facts = gpu_facts()
@@ -149,12 +158,10 @@ class OnnxRuntimeCuda(OnnxRuntimeCpu):
         self._output_names = list(self._plan.output_names)
         self._local = threading.local()
         self._graph = None
+        self._graph_source = (model_bytes, self.graph_provider_options(providers))
         if self._plan.cuda_graph:
             self._graph = _CudaGraphCall(
-                self._new_session(model_bytes, self.graph_provider_options(providers)),
-                self._plan,
-                self._session,
-                self.device,
+                self._new_session(*self._graph_source), self._plan, self._session, self.device
             )
 
     def _new_session(self, model_bytes: bytes, providers: list):
@@ -182,6 +189,17 @@ class OnnxRuntimeCuda(OnnxRuntimeCpu):
         self._session.run_with_iobinding(binding)
         return binding.copy_outputs_to_cpu()  # device -> host: the synchronization point
 
+    def shaped_runner(self) -> Callable[[list[np.ndarray]], list[np.ndarray]]:
+        """The :graph variant: CUDA graphs of its own for a bucket's calls (the sample's one
+        serves only the sample's shapes), each captured at the first call of its shapes, at
+        most GRAPHS_PER_BUCKET (one per batch size the bucket meets); other calls go to the
+        plain session. Without CUDA graphs: run()."""
+        if not self._plan.cuda_graph:
+            return self.run
+        graphs = _GraphsAtShapes(self)
+        self._bucket_graphs.append(graphs)
+        return graphs.run
+
     def _new_binding(self):
         """An IOBinding of the session, for a thread's first call (close() forgets them all:
         a call after it comes here, and is refused)."""
@@ -195,6 +213,7 @@ class OnnxRuntimeCuda(OnnxRuntimeCpu):
         thread's binding, which holds the plain one."""
         super().close()
         self._graph = None
+        self._bucket_graphs = []
         self._local = threading.local()
 
     def save_artifact(self, directory: Path) -> dict:
@@ -224,7 +243,7 @@ class OnnxRuntimeCudaFp16(OnnxRuntimeCuda):
         """cuDNN's heuristic choice of convolution algorithms instead of the provider's
         exhaustive search, which picks slower float16 ones: MobileNetV2 224 at batch 32 on an
         H100, 5.35-5.96 ms against 6.32-7.05 (0.84-0.85x in three interleaved passes), at
-        batch 1 the same; float32 gains nothing from it (benchmarks/gpu_layout.py
+        batch 1 the same; float32 gains nothing from it (benchmarks/studies/gpu_layout.py
         --together; docs/gpu.md)."""
         (name, options), *rest = super().provider_options(target, model_bytes)
         return [(name, {**options, "cudnn_conv_algo_search": "HEURISTIC"}), *rest]
@@ -278,13 +297,50 @@ class _CudaGraphCall:
             return outputs if self._device != "cpu" else [o.copy() for o in outputs]
 
 
+# A bucket's CUDA graphs: one per shape it meets (its bound at each batch size), at most.
+GRAPHS_PER_BUCKET = 4
+
+
+class _GraphsAtShapes:
+    """A bucket's CUDA graphs, by input shapes, each in a session of its own (a graph
+    replays one set of device buffers), captured at the first call of its shapes."""
+
+    def __init__(self, backend: OnnxRuntimeCuda):
+        self._backend = backend
+        self._graphs: dict[tuple, _CudaGraphCall] = {}
+        self._lock = threading.Lock()
+
+    def run(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
+        shapes = tuple(x.shape for x in inputs)
+        graph = self._graphs.get(shapes)
+        if graph is None:
+            graph = self._capture(shapes)
+            if graph is None:
+                return self._backend.run(inputs)
+        return graph.run(inputs)
+
+    def _capture(self, shapes: tuple) -> _CudaGraphCall | None:
+        backend = self._backend
+        with self._lock:
+            if shapes in self._graphs:
+                return self._graphs[shapes]
+            if len(self._graphs) >= GRAPHS_PER_BUCKET:
+                return None
+            plan = dataclasses.replace(backend._plan, input_shapes=shapes)
+            session = backend._new_session(*backend._graph_source)
+            graph = _CudaGraphCall(session, plan, backend._session, backend.device)
+            self._graphs[shapes] = graph
+            return graph
+
+
 class OnnxRuntimeTensorrt(OnnxRuntimeCuda):
     """ONNX Runtime's TensorRT execution provider, with the CUDA one for what TensorRT leaves.
 
-    Engines are built for one optimization profile (min batch 1, opt the sample's, max
-    gpu.default_batch_sizes) and kept in a cache directory per model, precision, profile,
-    TensorRT version and GPU (gpu.engine_cache_key), with TensorRT's timing cache beside
-    them: a second optimize() of the same model loads the engine instead of building it.
+    Engines are built for one optimization profile (backends/tensorrt/profiles.py: min batch
+    1, opt the sample's, max from `default_batch_sizes`) and kept in a cache directory per
+    model, precision, profile, TensorRT version and GPU (`engine_cache_key`), with TensorRT's
+    timing cache beside them: a second optimize() of the same model loads the engine instead
+    of building it.
     """
 
     name = "onnxruntime-tensorrt"

@@ -6,9 +6,9 @@ OpenVINO's CPU plugin runs as int8 (VNNI, AMX: ResNet50 224 3.11x float32 on a V
 small CNN 3.5x on an AMX Xeon). NNCF imports OpenVINO, scipy and networkx, not TensorFlow nor
 torch; its telemetry is switched off (NNCF_CI) and its progress bar, printed by `rich` to
 stdout, silenced. Layers kept in float32 are NNCF's ignored scope, matched by their name scope
-(onnx_int8.keep_pattern). A transformer-shaped graph (MatMul with Softmax) is quantized with
-NNCF's transformer rules (SmoothQuant, no quantized Softmax inputs); where that fails the
-gate, the search (pipeline/precision.py) tries the rules without SmoothQuant
+(precision/layers.py `keep_pattern`). A transformer-shaped graph (MatMul with Softmax) is
+quantized with NNCF's transformer rules (SmoothQuant, no quantized Softmax inputs); where that
+fails the gate, the search (pipeline/precision.py) tries the rules without SmoothQuant
 (`SMOOTH_QUANT_OFF`, a calibration method of OpenVinoCpuInt8's). SmoothQuant moves part of
 each activation's range into the MatMul's weights before quantizing: on the precision
 benchmark's encoder trained end to end, quantized throughout, it lost 15 points of accuracy
@@ -46,8 +46,8 @@ from typing import Any
 import numpy as np
 
 from ...export.onnx import OnnxExport
+from ...precision.layers import keep_pattern
 from ...system.quiet import stdout_silenced
-from ..onnxruntime.quantize import keep_pattern
 
 __all__ = [
     "CALIBRATION_SAMPLES",
@@ -65,11 +65,12 @@ __all__ = [
 IR_FILE = "model.xml"  # and model.bin beside it
 # Samples NNCF collects statistics on (it keeps statistics, not tensors: its default is 300):
 # at most CALIBRATION_SAMPLES on a transformer-shaped graph (SmoothQuant's scales come from
-# them), the first SAMPLES_WITHOUT_ATTENTION on others. benchmarks/nncf_samples.py, the int8
-# model's accuracy on the precision benchmark's gate / test splits, 32 samples against 128:
-# ResNet50 224 0.9126 / 0.9124 against 0.9126 / 0.9078 (8.5-9.4 s against 15.4-18.8 s); the
-# MobileNetV2-style classifier 0.9840 / 0.9930 against 0.9820 / 0.9910; the digits CNN the
-# same; the BERT-sized encoder quantized throughout 0.37 / 0.33 against 0.47 / 0.43.
+# them), the first SAMPLES_WITHOUT_ATTENTION on others. benchmarks/studies/nncf_samples.py,
+# the int8 model's accuracy on the precision benchmark's gate / test splits, 32 samples
+# against 128: ResNet50 224 0.9126 / 0.9124 against 0.9126 / 0.9078 (8.5-9.4 s against
+# 15.4-18.8 s); the MobileNetV2-style classifier 0.9840 / 0.9930 against 0.9820 / 0.9910;
+# the digits CNN the same; the BERT-sized encoder quantized throughout 0.37 / 0.33 against
+# 0.47 / 0.43.
 CALIBRATION_SAMPLES = 128
 SAMPLES_WITHOUT_ATTENTION = 32
 _STATISTICS = "nncf statistics"  # the key of OnnxExport.derived (+ SMOOTH_QUANT_OFF)

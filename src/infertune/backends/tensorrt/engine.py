@@ -1,10 +1,10 @@
 """TensorRT engines built from the shared ONNX export with the tensorrt package's ONNX parser.
 
-One optimization profile covers the batch sizes in use (gpu.profile_shapes: min batch 1, opt
-the sample's, max the larger of the sample's and gpu.PROFILE_MAX_BATCH). The serialized
-engine is kept on disk under settings.engine_cache_dir(), named by gpu.engine_cache_key (model,
-precision, profile, TensorRT version, GPU), and reused by the next optimize() or load() of
-the same model on the same GPU.
+One optimization profile covers the batch sizes in use (profiles.profile_shapes: min batch 1,
+opt the sample's, max the larger of the sample's and profiles.PROFILE_MAX_BATCH). The
+serialized engine is kept on disk under settings.engine_cache_dir(), named by
+profiles.engine_cache_key (model, precision, profile, TensorRT version, GPU), and reused by
+the next optimize() or load() of the same model on the same GPU.
 
 TensorRT 10 and 11 build differently (`build_settings`, a plain function of the major
 version and precision): TensorRT 11 has only strongly typed networks (no BuilderFlag.FP16,
@@ -50,12 +50,8 @@ from ...export.registry import (
 )
 from ...system.gpu import (
     TENSORRT_EXTRA,
-    Profile,
     cuda_runtime_module,
-    default_batch_sizes,
-    engine_cache_key,
     gpu_facts,
-    profile_shapes,
     reason_unavailable,
     tensorrt_major,
 )
@@ -63,6 +59,12 @@ from ...system.settings import engine_cache_dir
 from ..base import (
     Backend,
     Target,
+)
+from .profiles import (
+    Profile,
+    default_batch_sizes,
+    engine_cache_key,
+    profile_shapes,
 )
 
 __all__ = [
