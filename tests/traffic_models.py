@@ -5,30 +5,16 @@ between blocks (padding changes its outputs), with requests drawn like real traf
 
 from __future__ import annotations
 
-import numpy as np
-
-VOCAB = 50
+VOCAB = 50  # the lossy encoder's
 WIDTH = 16
 
 
 def masked_encoder(seed: int = 0, blocks: int = 2):
-    """token_ids and padding_mask, both (batch, length) of any length; outputs the sequence
-    (batch, length, WIDTH) and the masked mean over it (batch, WIDTH)."""
-    import keras
-    from keras import layers, ops
+    """The demo's text encoder (infertune.demo.text_encoder) at width WIDTH: token_ids and
+    padding_mask of any length, the mask given to attention and pooling."""
+    from infertune.demo import text_encoder
 
-    keras.utils.set_random_seed(seed)
-    ids = keras.Input((None,), dtype="int32", name="token_ids")
-    mask = keras.Input((None,), dtype="int32", name="padding_mask")
-    x = layers.Embedding(VOCAB, WIDTH)(ids)
-    keys = ops.expand_dims(ops.cast(mask, "bool"), 1)  # (batch, 1, length): keys masked
-    for _ in range(blocks):
-        attended = layers.MultiHeadAttention(num_heads=2, key_dim=8)(x, x, attention_mask=keys)
-        x = layers.LayerNormalization()(layers.Add()([x, attended]))
-        x = layers.LayerNormalization()(layers.Add()([x, layers.Dense(WIDTH)(x)]))
-    weights = ops.expand_dims(ops.cast(mask, "float32"), -1)
-    pooled = ops.sum(x * weights, axis=1) / ops.maximum(ops.sum(weights, axis=1), 1.0)
-    return keras.Model({"token_ids": ids, "padding_mask": mask}, {"sequence": x, "pooled": pooled})
+    return text_encoder(seed, WIDTH, blocks)
 
 
 def lossy_encoder(seed: int = 0):
@@ -49,20 +35,14 @@ def lossy_encoder(seed: int = 0):
 
 
 def request(length: int, batch: int = 1, seed: int = 0) -> dict:
-    """One request of `length` tokens (ids 1..VOCAB-1, every position real)."""
-    rng = np.random.default_rng(seed)
-    return {
-        "token_ids": rng.integers(1, VOCAB, (batch, length)).astype("int32"),
-        "padding_mask": np.ones((batch, length), "int32"),
-    }
+    """One request of `length` tokens, every position real."""
+    from infertune.demo import text_request
 
-
-def lengths(count: int, seed: int = 0, median: float = 12, high: int = 48) -> np.ndarray:
-    """Lengths drawn log-normal, like queries: most short, a few long, 2..high."""
-    rng = np.random.default_rng(seed)
-    return np.clip(np.round(rng.lognormal(np.log(median), 0.6, count)), 2, high).astype(int)
+    return text_request(length, batch, seed)
 
 
 def traffic(count: int = 120, seed: int = 0) -> list[dict]:
     """Requests of the masked encoder at lengths drawn like queries."""
-    return [request(int(n), seed=seed + i) for i, n in enumerate(lengths(count, seed))]
+    from infertune.demo import text_traffic
+
+    return text_traffic(count, seed)

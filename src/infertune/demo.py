@@ -17,6 +17,9 @@ __all__ = [
     "mlp",
     "mobilenet_v2",
     "small_cnn",
+    "text_encoder",
+    "text_request",
+    "text_traffic",
     "transformer_block",
 ]
 
@@ -106,3 +109,54 @@ def demo_model(name: str, seed: int = 0, batch: int | None = None):
         shape = (batch, *shape[1:])
     sample = np.random.default_rng(seed).random(shape, dtype=np.float32)
     return build(seed), sample
+
+
+# -- a model of many lengths, and traffic for it (optimize(traffic=...)) ---------------------
+TEXT_VOCABULARY = 1000
+
+
+def text_encoder(seed: int = 0, width: int = 32, blocks: int = 2):
+    """A small text encoder of any length that takes its padding mask as an input and gives
+    it to every attention layer and to the pooling, as keras-hub models do (so padding it is
+    exact): inputs token_ids and padding_mask, (batch, length) int32 each; outputs the
+    sequence (batch, length, width) and its masked mean (batch, width)."""
+    import_tensorflow()
+    import keras
+    from keras import layers, ops
+
+    keras.utils.set_random_seed(seed)
+    ids = keras.Input((None,), dtype="int32", name="token_ids")
+    mask = keras.Input((None,), dtype="int32", name="padding_mask")
+    x = layers.Embedding(TEXT_VOCABULARY, width)(ids)
+    keys = ops.expand_dims(ops.cast(mask, "bool"), 1)  # (batch, 1, length): keys masked
+    for _ in range(blocks):
+        attended = layers.MultiHeadAttention(num_heads=2, key_dim=width // 2)(
+            x, x, attention_mask=keys
+        )
+        x = layers.LayerNormalization()(layers.Add()([x, attended]))
+        x = layers.LayerNormalization()(layers.Add()([x, layers.Dense(width)(x)]))
+    weights = ops.expand_dims(ops.cast(mask, "float32"), -1)
+    pooled = ops.sum(x * weights, axis=1) / ops.maximum(ops.sum(weights, axis=1), 1.0)
+    return keras.Model(
+        {"token_ids": ids, "padding_mask": mask},
+        {"sequence": x, "pooled": pooled},
+        name="text_encoder",
+    )
+
+
+def text_request(length: int, batch: int = 1, seed: int = 0) -> dict:
+    """One request for `text_encoder`: `length` token ids (1..TEXT_VOCABULARY-1), every
+    position real (a mask of ones)."""
+    rng = np.random.default_rng(seed)
+    return {
+        "token_ids": rng.integers(1, TEXT_VOCABULARY, (batch, length)).astype("int32"),
+        "padding_mask": np.ones((batch, length), "int32"),
+    }
+
+
+def text_traffic(count: int = 200, seed: int = 0, median: float = 12, longest: int = 48) -> list:
+    """`count` requests for `text_encoder` whose lengths are drawn log-normal, as queries'
+    are (most short, a few long), from 2 to `longest` tokens."""
+    rng = np.random.default_rng(seed)
+    lengths = np.clip(np.round(rng.lognormal(np.log(median), 0.6, count)), 2, longest)
+    return [text_request(int(n), seed=seed + i) for i, n in enumerate(lengths)]
