@@ -38,7 +38,7 @@ from .measuring import (
 )
 from .memory import conversion_memory_learned
 from .planning import Probe, after_candidates_s, learn_from_run
-from .preparing import prepare_all
+from .preparing import Prepared, prepare_all
 from .reference import Check
 from .selection import (
     Forced,
@@ -107,17 +107,7 @@ def _contest(
     kinds = [(type(b), b.name) for b in frame.candidates]
     frame.candidates.clear()  # a rejected candidate is referenced by nobody
 
-    if forced is not None:
-        selection = forced_choice(forced, results, contenders, signature, frame.outputs)
-    else:
-        by_batch = measure_batches(
-            contenders, frame.sample, results, signature, frame.batch_sizes, options, progress,
-            budget, prepared.call_estimates, run.exclusive,
-        )  # fmt: skip
-        selection = choose(
-            results, contenders, by_batch, options, signature, frame.outputs, frame.batch_sizes
-        )
-        selection = _settle_threads(selection, results, contenders, frame, options, run)
+    selection = _selection(frame, options, results, contenders, prepared, run, forced)
     choice = selection.choice
     traffic = None
     if frame.traffic is not None and forced is None:
@@ -172,6 +162,30 @@ def _contest(
         report.notes.append(tip)
     _say_choice(report, selection, progress, times)
     return choice, report
+
+
+def _selection(
+    frame: Frame,
+    options: Options,
+    results: list[CandidateResult],
+    contenders: dict,
+    prepared: Prepared,
+    run: Preparation,
+    forced: Forced | None,
+) -> Selection:
+    """The choice at the sample's shape (and at each tuned batch size): measured, chosen and
+    settled head to head between one thread and several; or `forced`, not measured."""
+    signature = frame.signature
+    if forced is not None:
+        return forced_choice(forced, results, contenders, signature, frame.outputs)
+    by_batch = measure_batches(
+        contenders, frame.sample, results, signature, frame.batch_sizes, options, run.progress,
+        run.budget, prepared.call_estimates, run.exclusive,
+    )  # fmt: skip
+    selection = choose(
+        results, contenders, by_batch, options, signature, frame.outputs, frame.batch_sizes
+    )
+    return _settle_threads(selection, results, contenders, frame, options, run)
 
 
 def _settle_threads(
