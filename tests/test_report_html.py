@@ -212,3 +212,134 @@ def test_demo_writes_the_page_and_says_where(tmp_path, monkeypatch, capsys):
     assert (tmp_path / "infertune-report.html").is_file()
     assert main([*demo, "--html", str(tmp_path / "no-such-dir" / "r.html")]) == 1
     assert "does not exist" in capsys.readouterr().err
+
+
+# optimize(traffic=...)'s figures (Report.traffic): six bins of lengths, two buckets.
+TRAFFIC = {
+    "traffic": "40 requests; length: median 9, p90 20, max 24; batch 1",
+    "requests": 40,
+    "lengths": [2, 6, 9, 14, 20, 24],
+    "histogram": {"counts": [5, 12, 9, 0, 6, 8], "edges": [2.0, 5.5, 9.0, 12.5, 16.0, 19.5, 23.0]},
+    "p50_ms": {"litert": [0.02, 0.021, 0.025, 0.03, 0.04, float("nan")],
+               "onnxruntime-cpu": [0.13, 0.13, 0.14, 0.15, 0.16, 0.17]},
+    "switch_ms": {"litert": 0.02, "onnxruntime-cpu": 0.18},
+    "expected": {"mean_ms": 0.031, "p99_ms": 0.052},
+    "exact_single": {"candidate": "litert", "mean_ms": 0.0558},
+    "padded_to_max": {"candidate": "onnxruntime-cpu", "mean_ms": 0.17},
+    "padding": {"exact": True, "sliced": [[0, 1]], "max_rel_err": 2e-7, "checked": [[6, 24]],
+                "reason": "padding along length changed no output beyond rtol/atol",
+                "batch_exact": True},
+    "exact_only": None,
+    "waste": 0.18,
+    "held_out": {"requests": 10, "plan_ms": 0.04, "exact_ms": 0.06, "exact": "litert"},
+    "kept": "the buckets",
+    "buckets": [
+        {"upper": 9, "candidate": "litert", "padded": True, "share": 0.6, "p50_ms": 0.025},
+        {"upper": 24, "candidate": "onnxruntime-cpu", "padded": False, "share": 0.4,
+         "p50_ms": 0.17},
+    ],
+}  # fmt: skip
+
+
+def _traffic_chart(text: str) -> tuple[list[dict], list[dict], list[dict]]:
+    """The traffic chart's bars, its bucket bounds (<g>) and their lines."""
+    bins, bounds, lines, inside = [], [], [], False
+    for tag, attrs in _Elements(text).tags:
+        if tag == "svg":
+            inside = attrs.get("data-chart") == "traffic"
+        elif inside and tag == "rect" and attrs.get("class") == "bin":
+            bins.append(attrs)
+        elif inside and tag == "g" and attrs.get("class") == "bound":
+            bounds.append(attrs)
+        elif inside and tag == "line" and attrs.get("class") == "bound":
+            lines.append(attrs)
+    return bins, bounds, lines
+
+
+def _row(cells: list[str], first: str, n: int = 5) -> list[str]:
+    """The n cells from the last one that reads `first`: a table row."""
+    start = len(cells) - 1 - cells[::-1].index(first)
+    return cells[start : start + n]
+
+
+def test_the_traffic_section_draws_the_lengths_and_the_buckets():
+    report = _by_hand("litert")
+    report.traffic = TRAFFIC
+    text = report.to_html()
+    ET.fromstring(text)
+    assert '<h2 id="traffic">' in text
+    bins, bounds, lines = _traffic_chart(text)
+    # One bar per bin of the histogram, as tall as its count; one line per bucket's bound.
+    assert [float(b["data-count"]) for b in bins] == TRAFFIC["histogram"]["counts"]
+    heights = [float(b["height"]) for b in bins]
+    assert heights[3] == 0 and heights.index(max(heights)) == 1
+    assert [(b["data-candidate"], b["data-upper"]) for b in bounds] == [
+        ("litert", "9"), ("onnxruntime-cpu", "24")
+    ]  # fmt: skip
+    assert len(lines) == 2 and float(lines[0]["x1"]) < float(lines[1]["x1"])
+    cells = _Elements(text.split('id="traffic"')[1].split("<h2")[0]).cells  # the section's
+    # Per bucket: lengths, candidate, padded or not, p50 at its bound, share of the requests.
+    assert _row(cells, "(0, 9]") == ["(0, 9]", "litert", "padded to 9", "0.025", "60.0%"]
+    assert _row(cells, "(9, 24]") == ["(9, 24]", "onnxruntime-cpu", "own length", "0.17", "40.0%"]
+    assert _row(cells, "> 24") == ["> 24", "litert", "own length", "-", "-"]
+    # The expected mean and p99 against the two alternatives, and the measurements under them.
+    assert _row(cells, "the planned buckets") == ["the planned buckets", "-", "0.031", "0.052", "-"]
+    best = "best single at exact shapes"
+    assert _row(cells, best) == [best, "litert", "0.0558", "-", "1.80x"]
+    padded = "every request padded to 24"
+    assert _row(cells, padded) == [padded, "onnxruntime-cpu", "0.17", "-", "5.48x"]
+    assert _row(cells, "litert", 8) == ["litert", "0.02", "0.021", "0.025", "0.03", "0.04", "-",
+                                        "0.02"]  # fmt: skip
+    assert "18.0% of the positions the buckets pad to are padding" in text
+    assert "on 10 held-out requests: 1.50x faster" in text
+    assert "exact: padding along length changed no output beyond rtol/atol" in text
+    assert report.to_html() == text
+
+
+def test_the_traffic_section_without_buckets_or_without_traffic():
+    report = _by_hand("litert")
+    assert 'id="traffic"' not in report.to_html() and 'data-chart="traffic"' not in report.to_html()
+    # Padding not exact: the histogram without bounds, no bucket table; why, once.
+    reason = "padding 6 to 24 along length changed the outputs"
+    report.traffic = {
+        **TRAFFIC, "buckets": None, "held_out": None, "exact_only": reason,
+        "padding": {**TRAFFIC["padding"], "exact": False, "reason": reason},
+        "kept": "every request at its own length by litert",
+    }  # fmt: skip
+    text = report.to_html()
+    ET.fromstring(text)
+    bins, bounds, lines = _traffic_chart(text)
+    assert len(bins) == 6 and not bounds and not lines
+    assert text.count(reason) == 1 and "<h3>Buckets</h3>" not in text
+    assert "every request padded to 24 (would change outputs)" in text
+    # Nothing planned (two free dimensions): the traffic and why, no chart.
+    why = "buckets pad one free dimension; this model has 2 free dimensions"
+    report.traffic = {"traffic": "9 requests", "requests": 9, "exact_only": why}
+    text = report.to_html()
+    ET.fromstring(text)
+    assert (
+        why in text
+        and 'data-chart="traffic"' not in text
+        and "<h3>" not in text.split('id="traffic"')[1].split("<h2")[0]
+    )
+
+
+def test_the_traffic_section_escapes_every_text_and_survives_json(tmp_path):
+    name = '<script>alert("x")</script> & <b>'
+    report = _by_hand("litert")
+    report.traffic = {
+        **TRAFFIC, "traffic": f"40 requests; {name}: median 9", "kept": f"kept {name}",
+        "buckets": [{**TRAFFIC["buckets"][0], "candidate": name}, TRAFFIC["buckets"][1]],
+        "p50_ms": {name: [0.1] * 6}, "exact_single": {"candidate": name, "mean_ms": 0.05},
+        "padding": {**TRAFFIC["padding"], "reason": f"checked {name}"},
+    }  # fmt: skip
+    text = report.to_html()
+    ET.fromstring(text)
+    assert "<script" not in text and "<b>" not in text
+    _, bounds, _ = _traffic_chart(text)
+    assert bounds[0]["data-candidate"] == name  # the attribute, unescaped by the parser
+    # Read back from JSON (the nan among the p50s written as "nan"): the same page.
+    report.to_json(tmp_path / "report.json")
+    back = Report.from_json(tmp_path / "report.json")
+    assert back.traffic["buckets"] == report.traffic["buckets"]
+    assert back.to_html() == text

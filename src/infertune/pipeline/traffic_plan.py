@@ -161,7 +161,7 @@ def plan_buckets(
     planning = _planning_lengths(frame)
     summary.update(
         lengths=frame.lengths,
-        histogram=_histogram(traffic.lengths(0)),
+        histogram=_histogram(planning),
         p50_ms={n: costs[n].tolist() for n in costs},
         switch_ms=switch,
     )
@@ -173,13 +173,21 @@ def plan_buckets(
         ((n, float(c[-1])) for n, c in costs.items() if not math.isnan(c[-1])),
         key=lambda pair: pair[1], default=(None, math.nan),
     )  # fmt: skip
+    exact_plan = [_Choice(0, frame.lengths[-1], single[0], False, 0.0)] if single[0] else []
+    single_p99 = _expected(exact_plan, planning, frame.lengths, costs, switch)["p99_ms"]
     summary.update(
         expected=_expected(plan, planning, frame.lengths, costs, switch),
-        exact_single={"candidate": single[0], "mean_ms": single[1]},
-        padded_to_max={"candidate": padded_max[0], "mean_ms": padded_max[1]},
+        exact_single={"candidate": single[0], "mean_ms": single[1], "p99_ms": single_p99},
+        padded_to_max={
+            "candidate": padded_max[0],
+            "mean_ms": padded_max[1],
+            "p99_ms": padded_max[1],
+        },
         padding=frame.padding.to_dict() if frame.padding else None,
         exact_only=frame.why_exact or None,
         waste=_waste(plan, planning),
+        planned=_bucket_rows(plan, planning, costs, frame.lengths),
+        beyond=single[0],
     )
     if single[0] is None:
         summary["kept"] = "no candidate ran the traffic's lengths"
@@ -203,15 +211,23 @@ def plan_buckets(
         )
         return TrafficPlan(_exact_buckets(contenders[single[0]], frame), summary)
     summary["kept"] = "the buckets"
-    summary["buckets"] = [
-        {
-            "upper": b.upper, "candidate": b.backend.name, "padded": b.padded,
-            "share": float(np.mean((planning <= b.upper) & (planning > low))),
-            "p50_ms": float(costs[b.backend.name][frame.lengths.index(b.upper)]),
-        }
-        for b, low in zip(buckets.buckets, [0, *(b.upper for b in buckets.buckets[:-1])])
-    ]  # fmt: skip
+    summary["buckets"] = summary["planned"]
     return TrafficPlan(buckets, summary)
+
+
+def _bucket_rows(
+    plan: list[_Choice], planning: np.ndarray, costs: dict[str, np.ndarray], points: list[int]
+) -> list[dict]:
+    """The plan's buckets for the report: bound, candidate, padded, share of the planning
+    requests, p50 at the bound."""
+    return [
+        {
+            "upper": c.upper, "candidate": c.name, "padded": c.padded,
+            "share": float(np.mean((planning <= c.upper) & (planning > c.low))),
+            "p50_ms": float(costs[c.name][points.index(c.upper)]),
+        }
+        for c in plan
+    ]  # fmt: skip
 
 
 # -- measuring ------------------------------------------------------------------------------

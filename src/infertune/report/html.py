@@ -1,6 +1,7 @@
 """The report as one HTML page: the latency of every measured candidate, where the tuning
-time went, every candidate's fate, the environment, and for reduced precision its accuracy
-against its speed (`Report.to_html`, `infertune report ... --html`, `infertune demo`).
+time went, every candidate's fate, the environment, for reduced precision its accuracy
+against its speed, and with optimize(traffic=...) the requests by length with the buckets on
+them (`Report.to_html`, `infertune report ... --html`, `infertune demo`).
 
 One self-contained file: inline SVG and CSS, no script and nothing fetched, so that it opens
 offline and can be kept as a CI artifact. Every number written on the page is the report's
@@ -19,8 +20,18 @@ from typing import TYPE_CHECKING
 
 from ..accuracy import RELATIVE_ERROR
 from .format import escape, finite, sci, sig4
-from .html_charts import bars_chart, frontier_chart, latency_chart, stage_legend
+from .html_charts import bars_chart, frontier_chart, latency_chart, stage_legend, traffic_chart
 from .stages import CANDIDATE_STAGES
+from .traffic import (
+    as_number,
+    bucket_rows,
+    comparison_rows,
+    held_out_words,
+    longer_candidate,
+    padding_words,
+    ratio,
+    waste_words,
+)
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -76,6 +87,10 @@ svg .point circle { stroke: #1d2430; stroke-width: 1; } svg .point line { stroke
 svg .point.accepted circle { fill: #2da44e; } svg .point.rejected circle { fill: #cf222e; }
 svg .point.other circle { fill: #8a94a3; }
 svg .point.selected circle { stroke-width: 3; } svg rect.lane { fill: #f6f8fa; }
+svg rect.bin { fill: #9db7d5; stroke: #3b6ea5; stroke-width: 0.5; }
+svg rect.band-even { fill: #fff8e1; } svg rect.band-odd { fill: #eef4e8; }
+svg .bound line.bound { stroke: #b42318; stroke-width: 2; stroke-dasharray: 5 3; }
+svg .bound text.bound { fill: #b42318; font-family: ui-monospace, Menlo, Consolas, monospace; }
 """
 
 
@@ -97,6 +112,7 @@ def render(report: Report) -> str:
         _summary(report),
         _latency_section(report),
         _precision_section(report),
+        _traffic_section(report.traffic),
         _stages_section(report.stages),
         _candidates_section(report),
         _notes_section(report),
@@ -248,6 +264,94 @@ def _candidates_section(report: Report) -> str:
         rows.append((c.status, cells))
     return '<h2 id="candidates">Every candidate</h2>\n' + _table(
         head, rows, numeric={3, 4, 5, 6, 7}
+    )
+
+
+# -- traffic ----------------------------------------------------------------------------------
+def _traffic_section(traffic: dict | None) -> str:
+    """optimize(traffic=...): the padding check, what was kept, the requests by length with
+    the buckets on them, each bucket, the expected latency against the alternatives, and
+    what each candidate was measured at."""
+    if not traffic:
+        return ""
+    items = [("traffic", traffic.get("traffic") or traffic.get("requests") or "-")]
+    padding = padding_words(traffic)
+    if padding:
+        items.append(("padding check", padding))
+    if traffic.get("exact_only") and (padding is None or "not exact" not in padding):
+        items.append(("padding not used", traffic["exact_only"]))
+    for key, words in (("kept", traffic.get("kept")), ("padding waste", waste_words(traffic)),
+                       ("held-out timing", held_out_words(traffic))):  # fmt: skip
+        if words:
+            items.append((key, words))
+    parts = ['<h2 id="traffic">Traffic: buckets over the requests\' lengths</h2>',
+             _dl(items, "summary")]  # fmt: skip
+    histogram = traffic.get("histogram") or {}
+    counts = [as_number(c) or 0.0 for c in histogram.get("counts") or []]
+    edges = [as_number(e) for e in histogram.get("edges") or []]
+    buckets = bucket_rows(traffic)
+    if counts and len(edges) == len(counts) + 1 and None not in edges:
+        parts.append(
+            '<p class="caption">The traffic\'s requests by length'
+            + (": each dashed line a bucket's upper bound, labelled by the candidate that runs "
+               "it (hover for its figures)." if buckets else "; no buckets kept.")
+            + "</p>"
+        )  # fmt: skip
+        parts.append(traffic_chart(counts, edges, buckets))
+    parts.append(_buckets_table(traffic))
+    parts.append(_comparison_table(traffic))
+    parts.append(_lengths_table(traffic))
+    return "\n".join(part for part in parts if part)
+
+
+def _buckets_table(traffic: dict) -> str:
+    buckets = bucket_rows(traffic)
+    if not buckets:
+        return ""
+    rows = [
+        ("ok", [b.lengths, b.candidate, b.runs_at, sig4(b.p50_ms),
+                "-" if b.share is None else f"{b.share:.1%}"])
+        for b in buckets
+    ]  # fmt: skip
+    longer = longer_candidate(traffic)
+    if longer:
+        rows.append(("ok", [f"> {buckets[-1].upper}", longer, "own length", "-", "-"]))
+    head = ["lengths", "candidate", "runs at", "p50 ms at its bound", "requests"]
+    return "<h3>Buckets</h3>\n" + _table(head, rows, numeric={3, 4})
+
+
+def _comparison_table(traffic: dict) -> str:
+    compared = comparison_rows(traffic)
+    if not compared:
+        return ""
+    plan_mean = compared[0][2]
+    rows = [
+        ("ok", [what, candidate or "-", sig4(mean), sig4(p99),
+                ratio(mean, plan_mean) if i else "-"])
+        for i, (what, candidate, mean, p99) in enumerate(compared)
+    ]  # fmt: skip
+    head = ["expected a request over the traffic", "candidate", "mean ms", "p99 ms",
+            "mean against the buckets'"]  # fmt: skip
+    return "<h3>Expected latency</h3>\n" + _table(head, rows, numeric={2, 3, 4})
+
+
+def _lengths_table(traffic: dict) -> str:
+    """Each candidate's p50 at each length it was timed at, and what switching lengths from
+    call to call cost it: what the buckets were planned from."""
+    lengths, p50 = traffic.get("lengths") or [], traffic.get("p50_ms") or {}
+    if not lengths or not p50:
+        return ""
+    switch = traffic.get("switch_ms") or {}
+    rows = [
+        ("ok", [name, *(sig4(as_number(v)) for v in values), sig4(as_number(switch.get(name)))])
+        for name, values in p50.items()
+    ]
+    head = ["candidate", *(f"p50 ms at {n}" for n in lengths), "switching ms"]
+    return (
+        "<h3>What the buckets were planned from</h3>\n"
+        '<p class="caption">Each candidate\'s p50 at each length it was timed at, and the '
+        "time a call costs it beyond that where the lengths change from call to call.</p>\n"
+        + _table(head, rows, numeric=set(range(1, len(lengths) + 2)))
     )
 
 

@@ -1,6 +1,8 @@
 """The report page's charts, as inline SVG (html.py places them): each candidate's latency,
 accuracy against speed for reduced precision, and the tuning time by stage, with their axes.
 
+A traffic plan's histogram of request lengths has one `<rect class="bin">` per bin and one
+`<g class="bound" data-candidate="NAME">` per bucket, its line at the bucket's upper bound.
 Each measured candidate is one `<g class="mark" data-candidate="NAME">` in its latency chart
 (one chart per tuned batch size), the chosen one `class="mark selected"`; each
 reduced-precision candidate one `<g class="point" data-candidate="NAME">` in the accuracy
@@ -17,12 +19,14 @@ from typing import TYPE_CHECKING
 from ..accuracy import RELATIVE_ERROR
 from .format import escape, finite, sig4
 from .stages import CANDIDATE_STAGES
+from .traffic import bound_position
 
 if TYPE_CHECKING:
     from ..pipeline.timing import LatencyStats
     from . import CandidateResult
+    from .traffic import BucketRow
 
-__all__ = ["bars_chart", "frontier_chart", "latency_chart", "stage_legend"]
+__all__ = ["bars_chart", "frontier_chart", "latency_chart", "stage_legend", "traffic_chart"]
 
 WIDTH = 1040  # every chart's width in SVG units (px at 100%)
 NAME_W = 300  # the column of candidate names, left of each plot
@@ -249,6 +253,73 @@ def bars_chart(
         out.append("</g>")
     out.append("</svg>")
     return f"<h3>{escape(caption)}</h3>\n" + "\n".join(out)
+
+
+# -- traffic ----------------------------------------------------------------------------------
+def traffic_chart(counts: list[float], edges: list[float], buckets: list[BucketRow]) -> str:
+    """The traffic's requests by length, a bar per bin, each bucket's upper bound a line
+    labelled by its candidate, the buckets shaded in turn."""
+    x0, x1 = 130, WIDTH - 40
+    labels_h, plot_h = 14 * 3 + 6, 200
+    top, bottom = labels_h, labels_h + plot_h
+    lo, hi = edges[0], (edges[-1] if edges[-1] > edges[0] else edges[0] + 1)
+    x_axis = _LinearAxis(lo, hi, x0, x1)
+    most = max(max(counts, default=0), 1)
+    y_axis = _LinearAxis(0.0, most, bottom, top)
+    height = bottom + 44
+    out = [_svg_open(height, "requests by length", 'data-chart="traffic"')]
+
+    def x(value: float) -> float:
+        return x_axis(min(max(value, lo), hi))
+
+    low = lo
+    for i, b in enumerate(buckets):
+        upper = bound_position(b.upper)
+        band = "odd" if i % 2 else "even"
+        out.append(f'<rect class="band band-{band}" x="{_c(x(low))}" y="{top}" '
+                   f'width="{_c(max(x(upper) - x(low), 0.0))}" height="{plot_h}"/>')  # fmt: skip
+        low = upper
+    for value in y_axis.ticks():
+        if value == int(value):
+            y = y_axis(value)
+            out.append(_line("grid", x0, y, x1, y))
+            out.append(f'<text class="tick" x="{x0 - 6}" y="{_c(y + 4)}" text-anchor="end">'
+                       f"{_tick(value)}</text>")  # fmt: skip
+    out.append(f'<text class="tick" x="{x0 - 40}" y="{_c((top + bottom) / 2)}" '
+               'text-anchor="end">requests</text>')  # fmt: skip
+    for i, count in enumerate(counts):
+        left, right = x(edges[i]), x(edges[i + 1])
+        many = "request" if count == 1 else "requests"
+        tip = f"lengths {sig4(edges[i])} to {sig4(edges[i + 1])}: {count:g} {many}"
+        out.append(
+            f'<rect class="bin" data-count="{count:g}" x="{_c(left + 0.5)}" '
+            f'y="{_c(y_axis(count))}" width="{_c(max(right - left - 1, 0.5))}" '
+            f'height="{_c(bottom - y_axis(count))}"><title>{escape(tip)}</title></rect>'
+        )
+    out.append(_line("axis", x0, bottom, x1, bottom))
+    for value in x_axis.ticks():
+        out.append(_tick_label(x_axis(value), bottom + 16, _tick(value)))
+    out.append(_tick_label((x0 + x1) / 2, bottom + 34, "length"))
+    for i, b in enumerate(buckets):
+        out.append(_bound(b, x(bound_position(b.upper)), 14 * (i % 3 + 1), top, bottom))
+    out.append("</svg>")
+    return "\n".join(out)
+
+
+def _bound(b: BucketRow, x: float, label_y: float, top: float, bottom: float) -> str:
+    how = f"padded to {b.upper}" if b.padded else "at their own lengths"
+    share = "" if b.share is None else f", {b.share:.0%} of the requests"
+    tip = f"lengths {b.lengths}: {b.candidate}, {how}; p50 {sig4(b.p50_ms)} ms at {b.upper}{share}"
+    return "\n".join(
+        [
+            f'<g class="bound" data-candidate="{escape(b.candidate)}" data-upper="{b.upper}">',
+            f"<title>{escape(tip)}</title>",
+            _line("bound", x, label_y + 3, x, bottom),
+            f'<text class="bound" x="{_c(x - 3)}" y="{_c(label_y)}" text-anchor="end">'
+            f"{escape(_fit(f'{b.candidate} ≤{b.upper}'))}</text>",
+            "</g>",
+        ]
+    )
 
 
 # -- axes -------------------------------------------------------------------------------------

@@ -1,5 +1,6 @@
 """The report as text: the table `str(report)` prints, with why each candidate has its status,
-the choice per batch size and where the time went, and the diagnosis in plain words.
+the choice per batch size, the buckets for the traffic (traffic.py writes that section) and
+where the time went, and the diagnosis in plain words.
 
 Functions of the values in data.py, which calls them (`Report.__str__`, `Diagnosis.__str__`):
 this module imports no part of data.py, so that the values can import it.
@@ -11,6 +12,7 @@ from collections import Counter
 from typing import TYPE_CHECKING
 
 from .format import sci
+from .traffic import traffic_lines
 
 if TYPE_CHECKING:
     from .data import CandidateResult, Diagnosis, PathRate, Report
@@ -73,6 +75,7 @@ def report_text(report: Report) -> str:
             f"whole reason: report.to_dict(), or verbose=True)"
         )
     lines.extend(_batch_table(report))
+    lines.extend(traffic_lines(report.traffic))
     lines.append("")
     lines.append(f"selected: {report.selected} ({report.selection_reason})")
     if report.general_backend:
