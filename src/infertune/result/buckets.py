@@ -124,7 +124,10 @@ def bucketed(buckets: Buckets) -> Callable[[list[np.ndarray]], list[np.ndarray]]
     first_input, first_axis = buckets.dim.members[0]
     members = buckets.dim.members
     pad_values = buckets.pad_values
-    sliced = buckets.sliced
+    # Each member's and each cut output's leading full slices, made once: a call adds only
+    # the slice along the length (0.1 us a tuple, against 1.5 us built from lists).
+    fills = [(i, (slice(None),) * axis, pad_values[i]) for i, axis in members]
+    cuts = [(o, (slice(None),) * axis) for o, axis in buckets.sliced]
     local = threading.local()
 
     def buffers(flat: list[np.ndarray], upper: int) -> list[np.ndarray]:
@@ -149,19 +152,14 @@ def bucketed(buckets: Buckets) -> Callable[[list[np.ndarray]], list[np.ndarray]]
         if upper is None or n == upper:
             return bucket_run(flat)
         padded = list(flat)
-        for (i, axis), buffer in zip(members, buffers(flat, upper)):
-            head = [slice(None)] * buffer.ndim
-            head[axis] = slice(0, n)
-            tail = list(head)
-            tail[axis] = slice(n, upper)
-            buffer[tuple(head)] = flat[i]
-            buffer[tuple(tail)] = pad_values[i]
+        head, tail = slice(0, n), slice(n, upper)
+        for (i, lead, pad), buffer in zip(fills, buffers(flat, upper)):
+            buffer[(*lead, head)] = flat[i]
+            buffer[(*lead, tail)] = pad
             padded[i] = buffer
         outputs = bucket_run(padded)
-        for o, axis in sliced:
-            cut = [slice(None)] * outputs[o].ndim
-            cut[axis] = slice(0, n)
-            outputs[o] = outputs[o][tuple(cut)]
+        for o, lead in cuts:
+            outputs[o] = outputs[o][(*lead, head)]
         return outputs
 
     return run
