@@ -413,7 +413,8 @@ def test_every_relative_link_resolves():
 # -- one source for each number -------------------------------------------------------------
 RESULTS = ROOT / "docs" / "benchmarks"
 QUOTE = re.compile(r"<!-- results: (\S+) -->\n(.*?)<!-- end results -->", re.DOTALL)
-FOLDER_LINK = re.compile(r"\]\(((?:\.\./)*(?:docs/)?benchmarks/[a-z0-9-]+/\d{4}-\d{2}-\d{2}[a-z0-9-]*)/?[^)]*\)")
+# README's links to a result folder (or a file in one): docs/benchmarks/<benchmark>/<date>/
+FOLDER_LINK = re.compile(r"\]\((docs/benchmarks/[a-z0-9-]+/\d{4}-\d{2}-\d{2}[a-z0-9-]*)/?[^)]*\)")
 RESULT_KEYS = {"benchmark", "command", "date", "commit", "machine", "rows", "targets"}
 
 
@@ -576,7 +577,8 @@ DIARY = {
 def _repository_text_files() -> list[Path]:
     try:
         listed = subprocess.run(
-            ["git", "-C", str(ROOT), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+            ["git", "-C", str(ROOT), "ls-files", "-z", "--cached", "--others",
+             "--exclude-standard"],
             capture_output=True, check=True, timeout=60,
         ).stdout.decode()  # fmt: skip
     except (OSError, subprocess.SubprocessError) as exc:
