@@ -14,6 +14,7 @@ import pytest
 from helpers import dense_model, dict_model, dict_sample, forced, needs_litert, needs_openvino
 
 import infertune
+from infertune._version import __version__
 from infertune.backends.onnxruntime.cpu import OnnxRuntimeCpu
 from infertune.model.inputs import (
     InputSignature,
@@ -47,7 +48,7 @@ def ort_copy(saved_ort, tmp_path):
 def test_manifest_records_the_artifact_settings_signature_and_environment(saved_ort):
     opt, path = saved_ort
     manifest = json.loads((path / "manifest.json").read_text())
-    assert manifest["format_version"] == 2 and manifest["infertune_version"] == "0.1.0"
+    assert manifest["format_version"] == 2 and manifest["infertune_version"] == __version__
     assert manifest["choice"]["general"] == "onnxruntime-cpu:threads=1"
     (backend,) = manifest["backends"]
     assert backend["name"] == "onnxruntime-cpu:threads=1" and backend["kind"] == "onnxruntime-cpu"

@@ -12,13 +12,13 @@ the model of a package made by `benchmarks/gpu_check.py prepare`:
 
 The input is taken as (batch, 224, 224, 3) float32 (the MobileNetV2 224 package's); it prints
 one line per setting. docs/gpu.md quotes its output of 2026-11-27 on an H100 host
-(docs/benchmarks/gpu-check/layout-6.txt: the cuDNN error lines and the layout;
-layout-7.txt: the convolution options).
+(docs/benchmarks/gpu-check/2026-11-27/layout-cudnn-errors.txt: the cuDNN error lines and the layout;
+layout-convolution-options.txt: the convolution options).
 
 `--together SETTING,SETTING,...` times the named settings in one process instead, their calls
 interleaved (rounds in a rotating order, a block of calls per setting each round), at batch 1
 and 32: p50 over every round, the spread of the rounds' medians, and each one's ratio to the
-first setting (layout-8.txt, 2026-11-27, the same host type: what made the float16
+first setting (layout-heuristic-search.txt, 2026-11-27, the same host type: what made the float16
 candidates ask for cuDNN's heuristic algorithm choice):
 
     python3 -m benchmarks.studies.gpu_layout model.onnx \\

@@ -1,7 +1,7 @@
 """Three cases where infertune once chose a slower runtime than one written by hand.
 
 Found in November 2026 by checking infertune against raw runtimes written independently of
-it (docs/benchmarks.md, "Regrets"):
+it:
 
 * gru-varlen: a GRU over a variable sequence length (batch 2, length 25, 16 features, GRU 32)
   chose tf-xla at 615 us while ONNX Runtime by hand ran 528 us (1.17x);

@@ -1,3 +1,3 @@
 """The package version, where every module reads it (not the package face)."""
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"

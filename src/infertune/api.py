@@ -198,7 +198,7 @@ def package(
     ONNX export and the TFLite conversions, the sample and the verification inputs with the
     model's outputs on them, the calibration and labelled data with the model's outputs, the
     options (they decide the result: set them here), and a manifest with every file's
-    sha256. Takes optimize()'s arguments (docs/api.md, "Packages"); returns the path."""
+    sha256. Takes optimize()'s arguments (docs/api.md, "infertune.package"); returns the path."""
     options = Options.checked(
         rtol=rtol, atol=atol, objective=objective, precision=precision,
         batch_sizes=batch_sizes, latency_budget_ms=latency_budget_ms,
