@@ -155,3 +155,11 @@ def test_a_runner_far_slower_than_its_estimate_cannot_spend_the_budget_in_one_bl
     assert result.stats["steady"].rounds >= 5
     # 4x slower in every round: it leaves them after two, with statistics over those
     assert result.stats["degraded"].rounds == 2
+
+
+def test_a_candidate_ten_times_behind_leaves_after_the_first_round():
+    # 20x: no load spike makes a runtime that much slower in a round's median and mean alike.
+    runners = {"eager": _busy(0.01), "compiled": _busy(0.0005)}
+    result = measure_interleaved(runners, budget_s=0.5, block_s=0.01)
+    assert result.stats["eager"].left_after == result.stats["eager"].rounds == 1
+    assert result.stats["compiled"].rounds > 1

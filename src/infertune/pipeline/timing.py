@@ -14,10 +14,10 @@ With `callers` > 1, each block is run by that many threads at once (a service's 
 requests): every call is timed in the thread that made it, so the statistics are latency per
 call under that load, and a block's calls over its wall time are the calls per second in
 total (`LatencyStats.calls_per_s`).
-A candidate slower than another by far in every round so far (3x over two rounds, or
-`RACE_RATIO` over three or more) leaves the rounds (`LatencyStats.left_after`): it cannot be
-chosen, and ResNet50's eager call (300 ms against ONNX Runtime's 17) took half of every
-round's time from the candidates that can. `race=False` keeps every one in the rounds: a
+A candidate slower than another by far in every round so far (10x in the first, 3x over
+two rounds, or `RACE_RATIO` over three or more) leaves the rounds (`LatencyStats.left_after`):
+it cannot be chosen, and ResNet50's eager call (300 ms against ONNX Runtime's 17) took half of
+every round's time from the candidates that can. `race=False` keeps every one in the rounds: a
 benchmark's ratio against a runtime far behind (float32 against int8) rests on its p50.
 """
 
@@ -355,13 +355,18 @@ def _time_block(
 
 
 # A candidate leaves the rounds once another was faster than it by more than the ratio, in
-# both the round's median and its mean, in every round so far: 3x over the first two rounds,
-# RACE_RATIO from the third on. The selection (pipeline/selection.select) keeps only
-# candidates within a few percent of the fastest, and a gap that large in each of several
-# interleaved rounds is no load spike.
+# both the round's median and its mean, in every round so far: 10x after the first round
+# alone, 3x over the first two rounds, RACE_RATIO from the third on. The selection
+# (pipeline/selection.select) keeps only candidates within a few percent of the fastest, and
+# a gap that large in each of several interleaved rounds is no load spike.
 RACE_RATIO = 1.5
 RACE_ROUNDS = 3  # from this round on the ratio is RACE_RATIO
 EARLY_RACE_RATIO = 3.0  # over the first RACE_ROUNDS - 1 rounds (two at least)
+# After the first round alone, a candidate this much slower than another leaves: a model's
+# eager call (ResNet50 128's, 13x OpenVINO's) spends two calls a round in the measurement of
+# candidates it cannot beat, and no load spike makes a runtime 10x slower than it is in both
+# a round's median and its mean.
+FIRST_ROUND_RATIO = 10.0
 
 
 def _far_behind(
@@ -369,9 +374,12 @@ def _far_behind(
 ) -> list[str]:
     """The candidates in `order` that another in it beat by the race's ratio in every round."""
     rounds = len(medians[order[0]]) if order else 0
-    if rounds < 2:
+    if rounds < 1:
         return []
-    ratio = RACE_RATIO if rounds >= RACE_ROUNDS else EARLY_RACE_RATIO
+    ratio = (
+        FIRST_ROUND_RATIO if rounds == 1 else RACE_RATIO if rounds >= RACE_ROUNDS
+        else EARLY_RACE_RATIO
+    )  # fmt: skip
 
     def behind(a: str, b: str) -> bool:
         return all(
