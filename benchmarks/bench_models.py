@@ -9,7 +9,11 @@ What more than one script uses:
   packages two of them;
 * the production benchmark's models (benchmarks/production.py): the kinds of Keras models
   services run, at full size or --quick's (`PRODUCTION_MODELS`, `FULL`, `QUICK`), which the
-  dict-input study times too.
+  dict-input study times too;
+* the shapes benchmark's models (benchmarks/shapes.py), whose requests come in many lengths
+  or batch sizes, and the distributions their requests are drawn from
+  (`SHAPES_DISTRIBUTIONS`): a text encoder and an audio model that take their padding
+  masks, a text encoder padding is not exact for, MobileNetV2 at many batch sizes.
 
 A model only one script builds is built there. Imported as `bench_models` by the scripts
 beside it and as `benchmarks.bench_models` by the studies; TensorFlow, Keras and the

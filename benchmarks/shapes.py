@@ -46,7 +46,8 @@ error within 1e-3): the wrong results per contender. A contender whose results a
 shown but is never "the best by hand".
 
 Also: optimize()'s time with traffic= against optimize() at one shape on the same model (the
-process's one-time costs paid before both), and infertune's dispatch overhead, on the tiny
+process's one-time costs paid before both, by optimize(traffic=...) on the tiny version of
+the model), and infertune's dispatch overhead, on the tiny
 (--quick) encoder: opt(request) against calling the chosen bucket's backend directly on a
 request that needs no padding, as the median difference of pairs of calls made back to back
 (it reads the result's internals, `opt._choice.buckets`, for the bucket and its backend).
@@ -511,7 +512,7 @@ def run_case(case: str, quick: bool, runs: list[str], count: int, rounds: int) -
         "sample": harness.describe_input(sample),
     }
     log(f"{case}: {model_name}, {dist.words()}; the process's one-time costs")
-    harness.warm_up_optimize()
+    warm_up(case)
     log(f"{case}: optimize() at one shape ({result['sample']})")
     start = time.perf_counter()
     one = infertune.optimize(keras_model, sample, verbose=False)
@@ -522,6 +523,7 @@ def run_case(case: str, quick: bool, runs: list[str], count: int, rounds: int) -
     result["optimize_traffic_s"] = time.perf_counter() - start
     result["tuning_ratio"] = result["optimize_traffic_s"] / result["optimize_one_s"]
     result["traffic_note"] = traffic_note(tuned)
+    result["traffic_summary"] = getattr(tuned.report, "traffic", None)  # the plan's figures
     result["plan"] = plan_of(tuned)
     result["one_shape_choice"] = one.backend
     log(f"{case}: {result['traffic_note']}")
@@ -551,6 +553,19 @@ def run_case(case: str, quick: bool, runs: list[str], count: int, rounds: int) -
     return result
 
 
+def warm_up(case: str) -> None:
+    """The process's one-time costs paid before optimize() is timed: optimize(traffic=...)
+    on the tiny (--quick) version of the case's model, on a few requests (the converters'
+    first conversion of these layers, the runtimes' and the traffic path's imports). Without
+    it, whichever optimize() came first took 6-8 s more on the tiny models."""
+    import infertune
+
+    model = MODELS[CASES[case][0]]
+    requests = draw_requests(case, True, 12, SEEDS["sample"])
+    with infertune.optimize(model.build(True), requests[0], traffic=requests, verbose=False):
+        pass
+
+
 def versus(r: dict) -> dict:
     """infertune traffic= against the best by-hand contender with no wrong result, and
     against the faster of those padded to the maximum (shown, wrong or not)."""
@@ -571,29 +586,28 @@ def versus(r: dict) -> dict:
 # -- dispatch, on the tiny encoder ---------------------------------------------------------------
 def paired_difference_us(a: Callable, b: Callable, budget_s: float) -> tuple[float, float]:
     """What `a` costs over `b`, in us: the median over pairs of calls made back to back (the
-    order alternating), so that the machine's drift cancels within each pair; and the same
-    statistic for `b` against itself (the measurement's resolution)."""
+    order alternating), so that the machine's drift cancels within each pair; and that
+    median's standard error (from the differences' median absolute deviation)."""
     clock = time.perf_counter
-
-    def pairs(first: Callable, second: Callable) -> float:
-        differences = []
-        end = clock() + budget_s / 2
-        gc.disable()
-        try:
-            while clock() < end or len(differences) < 200:
-                flip = len(differences) % 2
-                t0 = clock()
-                (second if flip else first)()
-                t1 = clock()
-                (first if flip else second)()
-                t2 = clock()
-                one, other = (t2 - t1, t1 - t0) if flip else (t1 - t0, t2 - t1)
-                differences.append(one - other)
-        finally:
-            gc.enable()
-        return float(np.median(differences)) * 1e6
-
-    return pairs(a, b), abs(pairs(b, b))
+    differences = []
+    end = clock() + budget_s
+    gc.disable()
+    try:
+        while clock() < end or len(differences) < 200:
+            flip = len(differences) % 2
+            t0 = clock()
+            (b if flip else a)()
+            t1 = clock()
+            (a if flip else b)()
+            t2 = clock()
+            ours, theirs = (t2 - t1, t1 - t0) if flip else (t1 - t0, t2 - t1)
+            differences.append(ours - theirs)
+    finally:
+        gc.enable()
+    d = np.asarray(differences) * 1e6
+    median = float(np.median(d))
+    spread = 1.4826 * float(np.median(np.abs(d - median)))  # a robust standard deviation
+    return median, 1.2533 * spread / np.sqrt(len(d))
 
 
 def run_dispatch(count: int, budget_s: float) -> dict:
@@ -630,7 +644,7 @@ def run_dispatch(count: int, budget_s: float) -> dict:
     through, direct = (lambda: opt(x)), (lambda: backend.run(flat))
     for _ in range(50):
         through(), direct()
-    dispatch_us, noise_us = paired_difference_us(through, direct, budget_s)
+    dispatch_us, error_us = paired_difference_us(through, direct, budget_s)
     stats = harness.measure_runners(
         {"opt(x)": through, "backend direct": direct}, budget_s=budget_s / 2,
         cooldown_s={"opt(x)": backend.cooldown_s, "backend direct": backend.cooldown_s},
@@ -642,7 +656,7 @@ def run_dispatch(count: int, budget_s: float) -> dict:
         "where": where,
         "traffic_note": traffic_note(opt),
         "dispatch_us": dispatch_us,
-        "resolution_us": noise_us,
+        "standard_error_us": error_us,
         "p50_ms": {label: s.p50 for label, s in stats.stats.items()},
         "same_outputs_rel_err": error,
     }
@@ -725,7 +739,7 @@ def dispatch_table(d: dict) -> dict:
                 d["backend"],
                 f"{p50.get('opt(x)', float('nan')):.4g}",
                 f"{p50.get('backend direct', float('nan')):.4g}",
-                f"{d['dispatch_us']:+.2f} us (resolution {d['resolution_us']:.2f} us)",
+                f"{d['dispatch_us']:+.2f} us (+- {d['standard_error_us']:.2g})",
             ]
         ],
         "infertune's dispatch: opt(x) against the bucket's backend called directly",
@@ -822,7 +836,7 @@ def check_targets(results: list[dict], dispatch: dict | None, quick: bool) -> li
                     us,
                     us <= TARGET_DISPATCH_US,
                     f"dispatch: opt(x) adds {us:.2f} us a call over {dispatch['backend']} "
-                    f"called directly (resolution {dispatch['resolution_us']:.2f} us; target "
+                    f"called directly (+- {dispatch['standard_error_us']:.2g} us; target "
                     f"<= {TARGET_DISPATCH_US:g})",
                 )
             )
@@ -846,6 +860,18 @@ def sections(results: list[dict], dispatch: dict | None) -> list[dict]:
     return found
 
 
+def headline(results: list[dict], dispatch: dict | None) -> dict:
+    found: dict[str, Any] = {}
+    for r in results:
+        if r.get("vs_best_by_hand") is not None:
+            found[f"{r['case']}: mean latency vs best by hand"] = r["vs_best_by_hand"]
+        if r.get("tuning_ratio") is not None:
+            found[f"{r['case']}: optimize() traffic= / one shape"] = r["tuning_ratio"]
+    if dispatch is not None and "dispatch_us" in dispatch:
+        found["dispatch: us a call"] = dispatch["dispatch_us"]
+    return found
+
+
 def main() -> int:
     parser = harness.parser(
         __doc__,
@@ -857,9 +883,13 @@ def main() -> int:
     )
     parser.add_argument("--cases", help=f"comma-separated; default all: {list(CASES)}")
     parser.add_argument("--runs", help=f"comma-separated; default all: {list(RUNS)}")
-    parser.add_argument("--requests", type=int, default=None, help="the stream's (300; 40)")
+    parser.add_argument(
+        "--requests", type=int, default=None, help="in the stream and in traffic= (300; 40)"
+    )
     parser.add_argument("--rounds", type=int, default=None, help="timed rounds (3; --quick 2)")
-    parser.add_argument("--dispatch-budget", type=float, default=None, help="s (6; --quick 2)")
+    parser.add_argument(
+        "--dispatch-budget", type=float, default=None, help="s of dispatch timing (6; 2)"
+    )
     parser.add_argument(
         "--case-timeout", type=float, default=5400.0, help="s one case may take in all"
     )
@@ -912,11 +942,7 @@ def main() -> int:
         rows=results,
         tables=tables,
         targets=targets,
-        headline={
-            f"{r['case']}: vs best by hand": r["vs_best_by_hand"]
-            for r in results
-            if r.get("vs_best_by_hand") is not None
-        },
+        headline=headline(results, dispatch),
         sections=sections(results, dispatch),
         dispatch=dispatch,
         runs=runs,

@@ -212,8 +212,9 @@ class Backend(ABC):
         """A run of its own for calls that share their shapes (one bucket's, where
         optimize(traffic=...) pads requests into buckets): a runtime that prepares per shape
         (LiteRT's interpreters allocated at a shape, a CUDA graph captured at one) keeps that
-        state apart for them, so that calls at another bucket's shapes do not undo it. The
-        default: run() itself, for a runtime whose calls at any shape share everything."""
+        state apart for them, so that calls at another bucket's shapes do not undo it; where
+        the runner holds such state it has a close() that releases it. The default: run()
+        itself, for a runtime whose calls at any shape share everything."""
         return self.run
 
     def dict_runner(

@@ -45,7 +45,7 @@ from ..result.buckets import Bucket, Buckets
 from .exclusive import Exclusive
 from .padding import PaddingCheck, check_padding
 from .reference import Check
-from .timing import measure_interleaved
+from .timing import clearly_slower, measure_interleaved
 
 __all__ = ["TrafficFrame", "TrafficPlan", "frame_traffic", "plan_buckets", "traffic_words"]
 
@@ -62,7 +62,11 @@ HELD_OUT = 0.25  # the share of the traffic kept for the plan's own timing
 HELD_OUT_MAX = 64  # requests of it timed, at most
 STREAM = 24  # requests in the stream that times each candidate's switching between lengths
 LENGTH_BUDGET_S = 0.4  # measurement at one length, every candidate
-PLAN_ROUNDS = 3  # rounds over the held-out stream, the plan against the best at exact shapes
+# The held-out timing: rounds over the stream (each plan once a round, interleaved), the
+# seconds it may take, and the longest pass over the stream.
+HELD_OUT_ROUNDS = 5
+HELD_OUT_BUDGET_S = 2.0
+HELD_OUT_PASS_S = 0.1
 # A runtime that compiles for each new shape (XLA) runs buckets only: at their own lengths,
 # the traffic's requests would compile again and again.
 COMPILES_PER_SHAPE = ("tf-xla",)
@@ -105,17 +109,24 @@ def frame_traffic(
     rows = rng.permutation(len(traffic))
     held = sorted(rows[: max(1, int(len(traffic) * HELD_OUT))].tolist()) if len(traffic) > 3 else []
     frame = TrafficFrame(traffic, pad_values, None, None, held_out=held)
-    if len(traffic.dims) != 1:
+    if not traffic.dims:
         frame.why_exact = (
-            "buckets pad one free dimension; this model has "
-            f"{len(traffic.dims) or 'no'} free dimension{'s' if len(traffic.dims) != 1 else ''}"
+            "the model has no free dimension besides the batch: the traffic's batch sizes are "
+            "tuned as batch_sizes= tunes them"
+        )
+        return frame
+    if len(traffic.dims) > 1:
+        frame.why_exact = (
+            f"buckets pad one free dimension; this model has {len(traffic.dims)} "
+            f"({', '.join(d.name for d in traffic.dims)})"
         )
         return frame
     planning = np.setdiff1d(np.arange(len(traffic)), held) if held else np.arange(len(traffic))
     lengths = traffic.lengths(0)[planning]
-    frame.lengths = sorted(
-        {int(v) for v in np.quantile(lengths, LENGTH_QUANTILES, method="higher")}
-    )
+    quantiles = np.quantile(lengths, LENGTH_QUANTILES, method="higher")
+    # The longest request of the whole traffic among them, held-out rows included: the last
+    # bucket then reaches every length seen.
+    frame.lengths = sorted({*(int(v) for v in quantiles), int(traffic.lengths(0).max())})
     with progress.timed("padding check", text="checking that padding changes no output"):
         frame.padding = check_padding(call, signature, traffic, 0, pad_values, rtol, atol)
     if frame.padding.exact:
@@ -192,27 +203,59 @@ def plan_buckets(
     if single[0] is None:
         summary["kept"] = "no candidate ran the traffic's lengths"
         return TrafficPlan(None, summary)
+    exact = _exact_buckets(contenders[single[0]], frame)
     if all(not c.padded and c.name == single[0] for c in plan):
         summary["kept"] = f"every request at its own length by {single[0]}"
-        return TrafficPlan(_exact_buckets(contenders[single[0]], frame), summary)
-    buckets = _buckets(plan, contenders, frame, single[0])
-    problem = _verify(buckets, frame, rtol, atol)
-    if problem is not None:
-        summary["kept"] = (
-            f"exact shapes by {single[0]}: the buckets failed verification ({problem})"
-        )
-        return TrafficPlan(_exact_buckets(contenders[single[0]], frame), summary)
-    held = _held_out_timing(buckets, contenders[single[0]], frame, signature, progress, exclusive)
-    summary["held_out"] = held
-    if held is not None and held["plan_ms"] >= held["exact_ms"]:
-        summary["kept"] = (
-            f"exact shapes by {single[0]}: on held-out traffic the buckets ran "
-            f"{held['plan_ms']:.4g} ms a request against its {held['exact_ms']:.4g}"
-        )
-        return TrafficPlan(_exact_buckets(contenders[single[0]], frame), summary)
-    summary["kept"] = "the buckets"
+        return TrafficPlan(exact, summary)
+    # The plan and, where it has more than two buckets, the best of at most two: timed with
+    # the best single candidate at exact shapes on held-out traffic, the fastest kept.
+    plans = {"the buckets": plan}
+    fewer = _best_plan(frame.lengths, planning, costs, switch, exact_ok, padding_ok, 2)
+    if len(plan) > 2 and fewer and fewer != plan:
+        plans["two buckets"] = fewer
+    tried = {label: _buckets(p, contenders, frame, single[0]) for label, p in plans.items()}
+    for label, buckets in list(tried.items()):
+        problem = _verify(buckets, frame, rtol, atol)
+        if problem is not None:
+            summary.setdefault("failed", {})[label] = problem
+            buckets.release()
+            del tried[label]
+    held = _held_out_timing({**tried, "exact": exact}, frame, signature, progress, exclusive)
+    summary["held_out"] = {k: v for k, v in held.items() if k != "stats"} if held else None
+    best = _fastest(held, tried)
+    for label, buckets in tried.items():
+        if label != best:
+            buckets.release()
+    if best is None:
+        summary["kept"] = f"exact shapes by {single[0]}: {_why_exact(held, summary)}"
+        return TrafficPlan(exact, summary)
+    summary["kept"] = best
+    if best != "the buckets":
+        summary["planned"] = _bucket_rows(plans[best], planning, costs, frame.lengths)
+        summary["expected"] = _expected(plans[best], planning, frame.lengths, costs, switch)
+        summary["waste"] = _waste(plans[best], planning)
     summary["buckets"] = summary["planned"]
-    return TrafficPlan(buckets, summary)
+    return TrafficPlan(tried[best], summary)
+
+
+def _fastest(held: dict | None, tried: dict[str, Buckets]) -> str | None:
+    """The bucket plan clearly faster than every request at its own length on the held-out
+    traffic (round by round), the fastest of those; None where none is."""
+    if held is None:
+        return next(iter(tried), None)
+    stats = held["stats"]
+    faster = [
+        label for label in tried
+        if label in stats and clearly_slower(stats["exact"], stats[label])
+    ]  # fmt: skip
+    return min(faster, key=lambda label: stats[label].p50, default=None)
+
+
+def _why_exact(held: dict | None, summary: dict) -> str:
+    if held is None:
+        return f"the buckets failed verification ({summary.get('failed')})"
+    words = ", ".join(f"{label} {ms:.4g}" for label, ms in held["ms"].items())
+    return f"on held-out traffic no plan of buckets was clearly faster (ms a request: {words})"
 
 
 def _bucket_rows(
@@ -565,18 +608,19 @@ def _verify(buckets: Buckets, frame: TrafficFrame, rtol: float, atol: float) -> 
 
 
 def _held_out_timing(
-    buckets: Buckets,
-    exact: Backend,
+    plans: dict[str, Buckets],
     frame: TrafficFrame,
     signature: InputSignature,
     progress: Progress,
     exclusive: Exclusive | None,
 ) -> dict | None:
-    """The plan and the best single candidate at exact shapes timed on the held-out requests
-    (at most HELD_OUT_MAX), in PLAN_ROUNDS rounds alternating which goes first: mean ms a
-    request of each."""
+    """Each plan (the exact-shape one among them) run over the same held-out requests, the
+    plans timed in interleaved rounds (one call a request stream, at least HELD_OUT_ROUNDS
+    rounds, every plan to the end): ms a request of each, and their statistics. The stream
+    holds HELD_OUT_MAX requests at most, fewer where a pass would take over
+    HELD_OUT_PASS_S by the plans' expected cost."""
     rows = frame.held_out[:HELD_OUT_MAX]
-    if not rows:
+    if not rows or not any(label != "exact" for label in plans):
         return None
     traffic = frame.traffic
     rng = np.random.default_rng(5)
@@ -585,27 +629,34 @@ def _held_out_timing(
         else signature.random_inputs(rng, shapes=traffic.shapes(row, signature))
         for row in rows
     ]  # fmt: skip
-    plan_run, exact_run = buckets.run, exact.run
-    totals = {"plan": 0.0, "exact": 0.0}
-    text = f"timing the buckets against {exact.name} on {len(rows)} held-out requests"
+    runs = {label: buckets.run for label, buckets in plans.items()}
+    warm = time.perf_counter()
+    for run in runs.values():  # warm: every runtime has seen every shape once
+        for x in stream:
+            run(x)
+    pass_s = (time.perf_counter() - warm) / len(runs)
+    if pass_s > HELD_OUT_PASS_S:  # a long model: fewer requests a pass
+        stream = stream[: max(4, int(len(stream) * HELD_OUT_PASS_S / pass_s))]
+    runners = {label: (lambda run=run: [run(x) for x in stream]) for label, run in runs.items()}
+    text = f"timing {len(runners)} plans on {len(stream)} held-out requests"
     guard = exclusive.timing() if exclusive is not None else _nothing()
     with progress.timed("held-out traffic", text=text), guard:
-        for x in stream:  # warm: each runtime has seen every shape once
-            plan_run(x)
-            exact_run(x)
-        for r in range(PLAN_ROUNDS):
-            order = [("plan", plan_run), ("exact", exact_run)]
-            for name, run in order if r % 2 == 0 else order[::-1]:
-                start = time.perf_counter()
-                for x in stream:
-                    run(x)
-                totals[name] += time.perf_counter() - start
-    calls = PLAN_ROUNDS * len(stream)
+        measured = measure_interleaved(
+            runners, budget_s=HELD_OUT_BUDGET_S, min_rounds=HELD_OUT_ROUNDS, race=False,
+            per_call_estimate_s=dict.fromkeys(runners, HELD_OUT_PASS_S),
+        )  # fmt: skip
+    stats = measured.stats
     return {
         "requests": len(stream),
-        "plan_ms": totals["plan"] * 1e3 / calls,
-        "exact_ms": totals["exact"] * 1e3 / calls,
-        "exact": exact.name,
+        "rounds": min((s.rounds for s in stats.values()), default=0),
+        "ms": {label: s.p50 / len(stream) for label, s in stats.items()},
+        "plan_ms": min(
+            (s.p50 / len(stream) for label, s in stats.items() if label != "exact"),
+            default=math.nan,
+        ),
+        "exact_ms": stats["exact"].p50 / len(stream) if "exact" in stats else math.nan,
+        "exact": plans["exact"].beyond.name,
+        "stats": stats,
     }
 
 
@@ -634,11 +685,13 @@ def traffic_words(plan: TrafficPlan) -> str:
     expected = s.get("expected")
     if expected:
         single, to_max = s["exact_single"], s["padded_to_max"]
-        words.append(
+        line = (
             f"expected {expected['mean_ms']:.4g} ms a request (p99 {expected['p99_ms']:.4g}); "
-            f"best at exact shapes {single['candidate']} {single['mean_ms']:.4g} ms; padded to "
-            f"the longest {to_max['candidate']} {to_max['mean_ms']:.4g} ms"
+            f"best at exact shapes {single['candidate']} {single['mean_ms']:.4g} ms"
         )
+        if not s.get("exact_only"):  # padding to the longest is no option where it is inexact
+            line += f"; padded to the longest {to_max['candidate']} {to_max['mean_ms']:.4g} ms"
+        words.append(line)
     held = s.get("held_out")
     if held:
         words.append(

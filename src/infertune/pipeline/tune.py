@@ -85,8 +85,8 @@ def read_data(model: Model, options: Options, progress: Progress) -> Options:
 # The batch sizes tuned where the traffic's requests come in several: each distinct one, or
 # where there are more, these quantiles of them (the largest always among them: a call goes
 # to the choice for the smallest tuned batch size at or above its own).
-BATCH_QUANTILES = (0.0, 0.5, 0.75, 0.9, 1.0)
-MAX_TRAFFIC_BATCH_SIZES = 5
+BATCH_QUANTILES = (0.0, 0.5, 0.9, 1.0)
+MAX_TRAFFIC_BATCH_SIZES = 4
 
 
 def traffic_batch_sizes(traffic: Traffic) -> tuple[int, ...] | None:

@@ -56,6 +56,13 @@ class Buckets:
             self._run = bucketed(self)
         return self._run
 
+    def release(self) -> None:
+        """Release what the buckets' runs hold of their own (their shaped runners' state),
+        not the backends: buckets planned and not kept."""
+        for close in getattr(self._run, "closers", ()):
+            close()
+        self._run = None
+
     @property
     def backends(self) -> list[Backend]:
         """The distinct backends the buckets use, `beyond` last."""
@@ -110,7 +117,7 @@ def bucketed(buckets: Buckets) -> Callable[[list[np.ndarray]], list[np.ndarray]]
     back by one slice."""
     beyond = buckets.beyond.run
     if not buckets.buckets:  # every request at its own length, by one candidate
-        return beyond
+        return lambda flat: beyond(flat)
     top = buckets.buckets[-1].upper
     # A padded bucket's calls share their shapes: a run of their own where the runtime keeps
     # state per shape (Backend.shaped_runner).
@@ -118,6 +125,7 @@ def bucketed(buckets: Buckets) -> Callable[[list[np.ndarray]], list[np.ndarray]]
         (b.backend.shaped_runner() if b.padded else b.backend.run, b.upper if b.padded else None)
         for b in buckets.buckets
     ]
+    closers = [close for r, _ in runs if (close := getattr(r, "close", None)) is not None]
     at = [runs[0]] * (top + 1)
     for bucket, run in zip(reversed(buckets.buckets), reversed(runs)):
         at[: bucket.upper + 1] = [run] * (bucket.upper + 1)
@@ -162,6 +170,7 @@ def bucketed(buckets: Buckets) -> Callable[[list[np.ndarray]], list[np.ndarray]]
             outputs[o] = outputs[o][(*lead, head)]
         return outputs
 
+    run.closers = closers  # what Buckets.release() calls
     return run
 
 

@@ -212,9 +212,7 @@ class LiteRT(Backend):
             return self.run
         pool = Interpreters(self._converted, *self._pool_settings)
         self._bucket_pools.append(pool)
-        if self._one_in_one_out:
-            return lambda inputs: pool.run_one(inputs[0])
-        return lambda inputs: pool.run(inputs, [array.shape for array in inputs])
+        return _BucketRun(pool, self._one_in_one_out, self._bucket_pools)
 
     def single_runner(self, shape: tuple[int, ...]) -> Callable[[np.ndarray], np.ndarray] | None:
         """One array of `shape` in, one out: the fixed-shape model's interpreters at the
@@ -346,3 +344,21 @@ def litert_variants() -> dict:
         variants[f"{LiteRT.name}:threads={threads}"] = partial(LiteRT, threads)
         threads *= 2
     return variants
+
+
+class _BucketRun:
+    """A bucket's run on interpreters of its own (LiteRT.shaped_runner); close() releases
+    them (a plan that lost its timing gives its buckets' interpreters back)."""
+
+    def __init__(self, pool: Interpreters, one_in_one_out: bool, pools: list[Interpreters]):
+        self._pool, self._one, self._pools = pool, one_in_one_out, pools
+
+    def __call__(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
+        if self._one:
+            return self._pool.run_one(inputs[0])
+        return self._pool.run(inputs, [array.shape for array in inputs])
+
+    def close(self) -> None:
+        self._pool.close()
+        if self._pool in self._pools:
+            self._pools.remove(self._pool)

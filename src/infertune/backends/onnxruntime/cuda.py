@@ -198,7 +198,7 @@ class OnnxRuntimeCuda(OnnxRuntimeCpu):
             return self.run
         graphs = _GraphsAtShapes(self)
         self._bucket_graphs.append(graphs)
-        return graphs.run
+        return graphs
 
     def _new_binding(self):
         """An IOBinding of the session, for a thread's first call (close() forgets them all:
@@ -310,7 +310,7 @@ class _GraphsAtShapes:
         self._graphs: dict[tuple, _CudaGraphCall] = {}
         self._lock = threading.Lock()
 
-    def run(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
+    def __call__(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
         shapes = tuple(x.shape for x in inputs)
         graph = self._graphs.get(shapes)
         if graph is None:
@@ -331,6 +331,12 @@ class _GraphsAtShapes:
             graph = _CudaGraphCall(session, plan, backend._session, backend.device)
             self._graphs[shapes] = graph
             return graph
+
+    def close(self) -> None:
+        """Release the graphs' sessions (a plan that lost its timing gives them back)."""
+        self._graphs = {}
+        if self in self._backend._bucket_graphs:
+            self._backend._bucket_graphs.remove(self)
 
 
 class OnnxRuntimeTensorrt(OnnxRuntimeCuda):
