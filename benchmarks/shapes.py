@@ -51,6 +51,12 @@ the model), and infertune's dispatch overhead, on the tiny
 (--quick) encoder: opt(request) against calling the chosen bucket's backend directly on a
 request that needs no padding, as the median difference of pairs of calls made back to back
 (it reads the result's internals, `opt._choice.buckets`, for the bucket and its backend).
+Served throughput (the cases of many lengths): the result of optimize(traffic=...) saved and
+loaded as infertune's servers load it (ServedModel, what `infertune serve`, Ray Serve and
+Triton's Python backend batch through), 8 callers sending the stream's requests to one
+dynamic batcher (up to 8 requests a batch, 2 ms to fill one), first as they are (the server
+groups them by bucket), then every one padded to the distribution's maximum (the same server
+as one padding to a fixed shape): requests per second, and each request's p50 and p99.
 
 Targets (not checked under --quick):
 
@@ -61,13 +67,16 @@ Targets (not checked under --quick):
 * every case: optimize() with traffic= at most 2x optimize() at one shape;
 * every case: 0 wrong results from infertune (both contenders);
 * lossy: served at exact shapes, its "traffic:" note saying "padding not used";
-* dispatch: opt(request) at most 10 us a call over the bucket's backend called directly.
+* dispatch: opt(request) at most 10 us a call over the bucket's backend called directly;
+* served: at least 2x the requests per second of the server padding to the maximum, each
+  server's p99 within 250 ms.
 
 `--runs` chooses what is measured: `latency` (the stream and the wrong results), `tuning`
-(optimize()'s times) and `dispatch`; a run of served throughput will join them.
+(optimize()'s times), `dispatch` and `serve`.
 
     python benchmarks/shapes.py [--cases encoder-queries,encoder-documents,audio,lossy,batches]
-                                [--runs latency,tuning,dispatch] [--requests 300] [--rounds 3]
+                                [--runs latency,tuning,dispatch,serve] [--requests 300]
+                                [--rounds 3]
                                 [--quick] [--out DIR]
 
 Results: docs/benchmarks/shapes/<date>/ (--out; a --quick run's under a temporary folder).
@@ -92,11 +101,17 @@ import numpy as np
 from harness import EXACT_RTOL
 
 BENCHMARK = "shapes"
-RUNS = ("latency", "tuning", "dispatch")  # "serve" will join them
+RUNS = ("latency", "tuning", "dispatch", "serve")
 TARGET_SPEED = 0.95  # infertune's mean latency at most this share of the best by hand's
 TARGET_VS_MAX = 3.0  # on queries: at least this much faster than padding to the maximum
 TARGET_TUNING = 2.0  # optimize(traffic=...) at most this many times optimize() at one shape
 TARGET_DISPATCH_US = 10.0  # opt(request) over the bucket's backend called directly
+TARGET_SERVED = 2.0  # served requests/s: infertune's buckets over padding every one to the max
+SERVE_CALLERS = 8  # concurrent callers of the served model
+SERVE_MAX_BATCH = 8  # requests the server runs as one batch at most
+SERVE_WAIT_S = 0.002  # how long a batch waits for more requests once it has one
+SERVE_SECONDS = 8.0  # each server's timed run
+SERVE_LATENCY_BUDGET_MS = 250.0  # every served request's p99 within it
 CHECKED = 20  # requests of the stream checked against the model's outputs, per contender
 POW2_FROM = 16  # the smallest power-of-two bucket for lengths (1 for batch sizes)
 SEEDS = {"stream": 1, "traffic": 2, "sample": 3, "dispatch": 4}
@@ -527,6 +542,8 @@ def run_case(case: str, quick: bool, runs: list[str], count: int, rounds: int) -
     result["plan"] = plan_of(tuned)
     result["one_shape_choice"] = one.backend
     log(f"{case}: {result['traffic_note']}")
+    if "serve" in runs and model.axis:
+        result["serve"] = run_serve(tuned, stream, model, dist.high, quick)
     if "latency" not in runs:
         return result
     contenders: dict[str, Callable] = {"infertune traffic=": tuned, "infertune one shape": one}
@@ -551,6 +568,108 @@ def run_case(case: str, quick: bool, runs: list[str], count: int, rounds: int) -
     result["round_mean_ms"] = {label: t.mean(axis=1).tolist() for label, t in times.items()}
     result.update(versus(result))
     return result
+
+
+def run_serve(tuned, stream: list, model: Model, high: int, quick: bool) -> dict:
+    """infertune's served model (ServedModel: what `infertune serve`, Ray Serve and Triton's
+    Python backend batch through), with its buckets, against the same server with every
+    request padded to the distribution's maximum (then cut back), each under SERVE_CALLERS
+    concurrent callers behind one dynamic batcher (up to SERVE_MAX_BATCH requests, waiting
+    SERVE_WAIT_S for more): requests per second, and each request's latency."""
+    import tempfile
+
+    from infertune.deploy.served import ServedModel
+
+    seconds = 2.0 if quick else SERVE_SECONDS
+    with tempfile.TemporaryDirectory(prefix="shapes-serve-") as tmp:
+        served = ServedModel(tuned.save(Path(tmp) / "tuned"))
+        requests = [served.check(x, cast=False) for x in stream]
+        names = [spec.name for spec in served.inputs]
+        padded = [pad_request(r, names, model, high) for r in requests]
+        figures = {}
+        for label, sent in (("buckets", requests), ("padded to the maximum", padded)):
+            log(f"serving: {label}, {SERVE_CALLERS} callers, {seconds:g} s")
+            figures[label] = serve_under_load(served, sent, seconds)
+        served.close()
+    figures["ratio"] = (
+        figures["buckets"]["requests_per_s"] / figures["padded to the maximum"]["requests_per_s"]
+    )
+    return figures
+
+
+def pad_request(flat: Flat, names: list[str], model: Model, high: int) -> Flat:
+    """A request's arrays padded with zeros to `high` along the model's axis."""
+    out = []
+    for array in flat:
+        if array.ndim > model.axis and array.shape[model.axis] < high:
+            widths = [(0, 0)] * array.ndim
+            widths[model.axis] = (0, high - array.shape[model.axis])
+            array = np.pad(array, widths)
+        out.append(array)
+    return out
+
+
+def serve_under_load(served, requests: list[Flat], seconds: float) -> dict:
+    """SERVE_CALLERS threads each sending the requests in turn (each waits for its answer)
+    to one batcher thread, which runs what has arrived (up to SERVE_MAX_BATCH, after waiting
+    SERVE_WAIT_S for more) through ServedModel.run_batch, for `seconds`."""
+    import queue
+    import threading
+
+    inbox: queue.Queue = queue.Queue()
+    stop = threading.Event()
+    latencies: list[float] = []
+    done = [0]
+
+    def batcher() -> None:
+        while not stop.is_set():
+            try:
+                first = inbox.get(timeout=0.05)
+            except queue.Empty:
+                continue
+            batch = [first]
+            deadline = time.perf_counter() + SERVE_WAIT_S
+            while len(batch) < SERVE_MAX_BATCH:
+                try:
+                    batch.append(inbox.get(timeout=max(0.0, deadline - time.perf_counter())))
+                except queue.Empty:
+                    break
+            outputs = served.run_batch([item[0] for item in batch])
+            for (_, answer), out in zip(batch, outputs):
+                answer.put(out)
+
+    def caller(offset: int) -> None:
+        answer: queue.Queue = queue.Queue()
+        i = offset
+        while not stop.is_set():
+            start = time.perf_counter()
+            inbox.put((requests[i % len(requests)], answer))
+            answer.get()
+            latencies.append(time.perf_counter() - start)
+            done[0] += 1
+            i += SERVE_CALLERS
+
+    threads = [threading.Thread(target=batcher, daemon=True)]
+    threads += [
+        threading.Thread(target=caller, args=(k,), daemon=True) for k in range(SERVE_CALLERS)
+    ]
+    for thread in threads:
+        thread.start()
+    time.sleep(seconds / 4)  # warm: every bucket seen, the batcher busy
+    latencies.clear()
+    done[0], start = 0, time.perf_counter()
+    time.sleep(seconds)
+    elapsed, count = time.perf_counter() - start, done[0]
+    stop.set()
+    for thread in threads:
+        thread.join(timeout=30)
+    ms = np.asarray(latencies) * 1e3
+    return {
+        "requests_per_s": count / elapsed,
+        "p50_ms": float(np.percentile(ms, 50)) if len(ms) else None,
+        "p99_ms": float(np.percentile(ms, 99)) if len(ms) else None,
+        "requests": count,
+    }
 
 
 def warm_up(case: str) -> None:
@@ -746,6 +865,25 @@ def dispatch_table(d: dict) -> dict:
     )
 
 
+def serve_table(results: list[dict]) -> dict:
+    rows = []
+    for r in results:
+        serve = r.get("serve")
+        if serve is None:
+            continue
+        for label in ("buckets", "padded to the maximum"):
+            s = serve[label]
+            rows.append([r["case"], label, f"{s['requests_per_s']:.1f}", f"{s['p50_ms']:.1f}",
+                         f"{s['p99_ms']:.1f}"])  # fmt: skip
+        rows.append([r["case"], "ratio", f"{serve['ratio']:.2f}x", "", ""])
+    return harness.table(
+        ["case", "server", "requests/s", "p50 ms", "p99 ms"],
+        rows,
+        title=f"Served under {SERVE_CALLERS} concurrent callers, one batcher (up to "
+        f"{SERVE_MAX_BATCH} requests a batch)",
+    )
+
+
 def check_targets(results: list[dict], dispatch: dict | None, quick: bool) -> list[dict]:
     def target(name, wanted, value, met, detail):
         return harness.target(name, wanted, value, None if quick else met, detail)
@@ -807,6 +945,26 @@ def check_targets(results: list[dict], dispatch: dict | None, quick: bool) -> li
                 f"{TARGET_TUNING})",
             )
         )
+        serve = r.get("serve")
+        if serve is not None:
+            ours, theirs = serve["buckets"], serve["padded to the maximum"]
+            within = all(
+                s["p99_ms"] is not None and s["p99_ms"] <= SERVE_LATENCY_BUDGET_MS
+                for s in (ours, theirs)
+            )
+            checks.append(
+                target(
+                    f"{case}: served requests/s against the server padding to the maximum",
+                    f">= {TARGET_SERVED:g}x, p99 <= {SERVE_LATENCY_BUDGET_MS:g} ms",
+                    serve["ratio"],
+                    serve["ratio"] >= TARGET_SERVED and within,
+                    f"{case}: {SERVE_CALLERS} callers, {ours['requests_per_s']:.1f} requests/s "
+                    f"(p99 {ours['p99_ms']:.1f} ms) against {theirs['requests_per_s']:.1f} "
+                    f"(p99 {theirs['p99_ms']:.1f} ms) padding every request to the maximum: "
+                    f"{serve['ratio']:.2f}x (target >= {TARGET_SERVED:g}x, p99 within "
+                    f"{SERVE_LATENCY_BUDGET_MS:g} ms)",
+                )
+            )
         if r["model"] == "lossy":
             note = r["traffic_note"] or ""
             padded = any(b["padded"] for b in r["plan"].get("buckets", []))
@@ -909,7 +1067,7 @@ def main() -> int:
     child_args = ["--runs", ",".join(runs), "--requests", str(count), "--rounds", str(rounds)]
     child_args += ["--dispatch-budget", str(budget)] + (["--quick"] if args.quick else [])
     results = []
-    if "latency" in runs or "tuning" in runs:
+    if "latency" in runs or "tuning" in runs or "serve" in runs:
         for name in names:
             log(f"{name} ({len(results) + 1} of {len(names)})")
             result = harness.run_in_child(__file__, name, child_args, args.case_timeout)
@@ -926,6 +1084,8 @@ def main() -> int:
         tables.append(tuning_table(results))
     if dispatch is not None and "error" not in dispatch:
         tables.append(dispatch_table(dispatch))
+    if any("serve" in r for r in results):
+        tables.append(serve_table(results))
     notes = (
         f"{count} requests a case, batch 1 but for `batches`, every contender timed on the "
         f"same stream in {rounds} rounds (the order rotating) after one untimed pass; infertune "

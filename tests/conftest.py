@@ -18,7 +18,7 @@ default:
 
 `--all-tiers` runs every tier (what CI runs: README.md, .ci/run); `--tier slow` (repeatable)
 adds one; `-m EXPR` selects by marker instead (`-m timing` runs that tier alone); a test named
-by its node id (`tests/test_ray.py::test_...`) runs whatever its tier. The run's summary
+by its node id (`tests/deploy/test_ray.py::test_...`) runs whatever its tier. The run's summary
 says how many tests of each tier were deselected, so that none seems to have vanished.
 """
 

@@ -1,4 +1,4 @@
-"""Candidates that really crash or hang, for tests/test_isolation.py.
+"""Candidates that really crash or hang, for tests/pipeline/test_isolation.py.
 
 They live in their own module, importable without TensorFlow, because the child process that
 rehearses a candidate imports the candidate's class by module and name.

@@ -9,9 +9,15 @@ mode, as for conftest.py). Fixtures stay in conftest.py; the test tiers (`slow`,
 from __future__ import annotations
 
 import importlib.util
+from pathlib import Path
 
 import numpy as np
 import pytest
+
+# This folder (the shared helpers, tests/data/) and the repository's root, for the tests in
+# subfolders (tests/backends/, tests/deploy/, ...).
+TESTS = Path(__file__).resolve().parent
+ROOT = TESTS.parent
 
 # -- optional runtimes ------------------------------------------------------------------------
 # The test extra installs all three (pyproject.toml); a machine without one skips their tests

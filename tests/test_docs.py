@@ -65,7 +65,7 @@ ROOT = Path(__file__).resolve().parent.parent
 DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 # Ray reads its authentication settings when it is imported, and keeps its token in ~/.ray,
 # which is each document's own HOME here: the token goes in the environment instead, before
-# any snippet imports Ray, as tests/test_ray.py does (whose values win where it sets them).
+# any snippet imports Ray, as tests/deploy/test_ray.py does (whose values win where it sets them).
 _RAY_AUTH = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(16)}
 _RAY_AUTH_SET = {key: value for key, value in _RAY_AUTH.items() if key not in os.environ}
 os.environ.update(_RAY_AUTH_SET)

@@ -471,7 +471,7 @@ def _without_proto_updates(make_pass: Callable[[], Any]) -> Callable[[], Any]:
     NodeProto (`Graph.update_proto`), constants' weights included: 24 copies of ResNet50's
     100 MB, 2.6 s of its 6.3 s export. The passes read the nodes' own fields, never the
     protobufs, and `Graph.make_graph` updates every NodeProto once at the end: the same ops
-    in the same order, the same initializers, the same outputs (tests/test_export.py checks
+    in the same order, the same initializers, the same outputs (tests/export/test_export.py checks
     it; only the names tf2onnx numbers from a process-wide counter differ, as between any
     two of its own conversions).
     """

@@ -71,7 +71,7 @@ class LiteRT(Backend):
     That saves a whole conversion (6 s of MobileNetV2's tuning on two cores, 11 s of
     ResNet50's), decided from the free model's operator list alone. On ResNet50, MobileNetV2
     and the tests' dense and convolutional models both conversions were made and compared:
-    the same operators each time (tests/test_litert.py checks it where this decides).
+    the same operators each time (tests/backends/test_litert.py checks it where this decides).
 
     Nor is it made for a model past sizes.FIXED_TFLITE_MAX_BYTES (32 MB): the free conversion
     serves the sample's shapes, and a second one would double the conversion's time and

@@ -243,9 +243,9 @@ def _frozen(concrete: Any, converters_own: Callable[[], tuple]) -> tuple[Any, li
     of 7.8): the converter reads only the graph and the input and output tensors' names,
     shapes and dtypes, which the traced function has too; its fourth value, the rebuilt
     function, feeds grappler, which the MLIR converter with builtin ops never runs. The
-    flatbuffer comes out byte for byte the same (tests/test_litert.py checks it). Where
+    flatbuffer comes out byte for byte the same (tests/backends/test_litert.py checks it). Where
     TensorFlow's private freezing functions moved, `converters_own` freezes: the same
-    result, slower (tests/test_litert.py fails on the pinned versions if that happens).
+    result, slower (tests/backends/test_litert.py fails on the pinned versions if that happens).
     """
     import tensorflow as tf
 

@@ -29,7 +29,7 @@ error carries what loading the libraries reported.
 fp32 means fp32: TF32 (10-bit mantissa products, the CUDA provider's default on Ampere and
 later) is turned off for `onnxruntime-cuda` (`use_tf32=0`).
 
-The run paths are tested with `device = "cpu"` on the CPU provider (tests/test_gpu.py): IO
+The run paths are tested with `device = "cpu"` on the CPU provider (tests/backends/test_gpu.py): IO
 binding, the CUDA-graph call with its fixed OrtValue buffers, the float16 graph. The CUDA
 candidates, float32 and float16, have run on an H100; the TensorRT ones have not run on GPU
 hardware yet. Without a GPU every one of them is `unavailable` (see docs/gpu.md).

@@ -25,7 +25,7 @@ reason (at prepare, for the sample's shapes).
 
 NOT RUN ON GPU HARDWARE YET. Checked here: `build_settings` and the fp16 graph (run by ONNX
 Runtime on the CPU), and the TensorRT and cuda-python names it calls against the installed
-bindings where they import (tests/test_gpu.py, docs/gpu.md). Without a GPU, tensorrt or
+bindings where they import (tests/backends/test_gpu.py, docs/gpu.md). Without a GPU, tensorrt or
 cuda-python it is `unavailable` with the reason.
 """
 

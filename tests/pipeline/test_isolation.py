@@ -19,7 +19,7 @@ from crashing_backends import (
     RaisesInChild,
     SegfaultsAtFirstCall,
 )
-from helpers import dense_model
+from helpers import TESTS, dense_model
 
 import infertune
 from infertune.errors import OptionError
@@ -190,7 +190,7 @@ def test_a_hung_child_ends_with_its_killed_parent_and_removes_its_files(tmp_path
     import subprocess
     import sys
 
-    env = {**os.environ, "TMPDIR": str(tmp_path), "PYTHONPATH": os.path.dirname(__file__)}
+    env = {**os.environ, "TMPDIR": str(tmp_path), "PYTHONPATH": str(TESTS)}
     parent = subprocess.Popen(
         [sys.executable, "-c", PARENT], stdout=subprocess.PIPE, text=True, env=env
     )

@@ -41,7 +41,7 @@ from tritonclient.utils import InferenceServerException  # noqa: E402
 # Tiers (tests/conftest.py): a real Triton server started for the test, in a virtual
 # environment that pip builds from the package index on first use (about 2 minutes).
 pytestmark = [pytest.mark.slow, pytest.mark.network]
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]  # the repository's root, above tests/deploy/
 PYTHON = f"{sys.version_info.major}.{sys.version_info.minor}"
 # The same result run by infertune in Triton and here, on the same inputs: float32 round-off
 # (a few ulps of a 2-layer network), far below any real difference.

@@ -10,12 +10,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import dense_model, needs_litert
+from helpers import TESTS, dense_model, needs_litert
 
 import infertune
 from infertune.result.saved import read_manifest
 
-V1 = Path(__file__).parent / "data" / "saved-v1"
+V1 = TESTS / "data" / "saved-v1"
 # The same artifact on the same runtime version, on whichever CPU runs the tests: ONNX
 # Runtime and XNNPACK pick kernels by the CPU's instruction set, which moves float32 sums by
 # a few ulps between machines (1e-6 relative is ~8 ulps); a wrong input order or output

@@ -7,11 +7,10 @@ import os
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import dense_model
+from helpers import TESTS, dense_model
 
 import infertune
 
@@ -102,7 +101,7 @@ def test_a_new_process_hits_the_cache_and_fingerprints_agree(tmp_path):
     script = AFFINE + textwrap.dedent(
         f"""
         import sys
-        sys.path.insert(0, {str(Path(__file__).parent)!r})
+        sys.path.insert(0, {str(TESTS)!r})
         import infertune
         from helpers import dense_model
         from infertune.result.cache import model_fingerprint
