@@ -75,7 +75,13 @@ def child(name: str, runs: int, budget_s: float) -> dict:
         else:
             kept[opt.backend] = opt
     runners = {choice: (lambda opt=opt: opt(sample)) for choice, opt in kept.items()}
-    measured = harness.measure_runners(runners, budget_s=budget_s, min_rounds=10, race=False)
+    # A runtime whose threads spin after a call (ONNX Runtime's default session) waits its
+    # cool-down after its block, as in optimize()'s own measurement: else the next block runs
+    # beside its spinning threads.
+    cooldown = {choice: max(b.cooldown_s for b in opt.backends) for choice, opt in kept.items()}
+    measured = harness.measure_runners(
+        runners, budget_s=budget_s, cooldown_s=cooldown, min_rounds=10, race=False
+    )
     p50 = {choice: stats.p50 for choice, stats in measured.stats.items()}
     fastest = min(p50.values())
     for row in chosen:

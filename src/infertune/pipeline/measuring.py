@@ -220,7 +220,10 @@ def concurrency_note(
 # the two alone, where the other is within this ratio of it or left the rounds early: a
 # runtime on two threads loses more than one on one thread to anything else on the cores, so
 # a load in the first rounds can send it out of them (MobileNetV2 160 chose LiteRT on one
-# thread at 8.1 ms in one run of three, where LiteRT on two ran 3.6 ms).
+# thread at 8.1 ms in one run of three, where LiteRT on two ran 3.6 ms). The two are timed for
+# HEAD_TO_HEAD_S at least, never stopping early for stable rounds: a load that lasts a few
+# tenths of a second then slows a few rounds, not all of them (the small CNN, 13 us a call,
+# had its 8 rounds done in 0.3 s, and one run in ten chose LiteRT on one thread, 1.16x slower).
 HEAD_TO_HEAD_WITHIN = 1.5
 HEAD_TO_HEAD_S = 1.0
 HEAD_TO_HEAD_ROUNDS = 8
@@ -253,14 +256,17 @@ def head_to_head(
         progress.timed("head-to-head", text=text),
         exclusive.timing() if exclusive is not None else contextlib.nullcontext(),
     ):
+        # HEAD_TO_HEAD_ROUNDS rounds at least (two calls of each a round, one untimed).
+        rounds_s = HEAD_TO_HEAD_ROUNDS * 2 * (a.p50 + b.p50) / 1e3
         measured = measure_interleaved(
             {name: (lambda b=contenders[name]: b.run(inputs)) for name in names},
-            budget_s=HEAD_TO_HEAD_S,
+            budget_s=max(HEAD_TO_HEAD_S, rounds_s),
             min_rounds=HEAD_TO_HEAD_ROUNDS,
             per_call_estimate_s={chosen.name: a.p50 / 1e3, other.name: b.p50 / 1e3},
             cooldown_s={name: contenders[name].cooldown_s for name in names},
             callers=options.concurrency,
             race=False,
+            stable_rel=0.0,  # never stable: the rounds spread over HEAD_TO_HEAD_S
         )
     stats = measured.stats
     if chosen.name not in stats or other.name not in stats:
