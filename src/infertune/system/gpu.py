@@ -8,8 +8,8 @@ which TensorRT libraries ONNX Runtime's provider links from the files themselves
 (system/gpu_libraries.py), ONNX Runtime's providers and TensorFlow's build only where those modules
 are already imported. So on a machine without a GPU every GPU candidate says why it cannot
 run at no noticeable cost (tests/backends/test_gpu.py times it), and the decisions are plain
-functions of the facts, tested with facts a CPU machine cannot produce. Where the driver lists a GPU,
-`tensorrt` and cuda-python are imported once to know they load (a package whose libraries
+functions of the facts, tested with facts a CPU machine cannot produce. Where the driver lists a
+GPU, `tensorrt` and cuda-python are imported once to know they load (a package whose libraries
 are missing is installed but does not import), and so is onnxruntime for its providers.
 
 What a backend builds on a GPU is planned in its runtime's folder, as values that need no GPU
