@@ -163,3 +163,26 @@ def test_a_candidate_ten_times_behind_leaves_after_the_first_round():
     result = measure_interleaved(runners, budget_s=0.5, block_s=0.01)
     assert result.stats["eager"].left_after == result.stats["eager"].rounds == 1
     assert result.stats["compiled"].rounds > 1
+
+
+@pytest.mark.timing
+def test_a_choice_already_decided_stops_the_rounds():
+    """ "lead" is steady and about 1.5x ahead of "wobbly" in every round, whose own rounds never
+    agree: measured for a choice (until_decided) the rounds stop at the minimum; for every
+    candidate's figures (the default) they run on to the budget."""
+
+    state = {"last": 0.0, "slow": False}
+
+    def wobbly():  # 0.8 ms a call in one block, 1.1 ms in the next: its rounds never agree
+        now = time.perf_counter()
+        if now - state["last"] > 0.0005:  # another runner ran between: a new block
+            state["slow"] = not state["slow"]
+        end = now + (0.0011 if state["slow"] else 0.0008)
+        while time.perf_counter() < end:
+            pass
+        state["last"] = time.perf_counter()
+
+    runners = {"lead": _busy(0.0006), "wobbly": wobbly}
+    decided = measure_interleaved(runners, budget_s=1.0, block_s=0.01, until_decided=True)
+    full = measure_interleaved(runners, budget_s=1.0, block_s=0.01, race=False)
+    assert decided.stats["lead"].rounds <= 6 < full.stats["lead"].rounds

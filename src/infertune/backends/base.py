@@ -122,6 +122,11 @@ class Backend(ABC):
     # on a large model it is not tried either (pipeline/tournament.py): a call's work there is
     # large enough for every core (BERT-base-sized, 2 cores: 1 thread lost 1.8-2.1x).
     threads_variant: int | None = None
+    # Where the candidate runs the very artifact of another, in the same runtime, differing
+    # only in how many threads serve a call (`:threads=N`, `:nospin`): that candidate's name.
+    # Its rehearsal in the child process answers for this one too (pipeline/preparing.py):
+    # the same model compiled and run by the same runtime.
+    rehearsal_twin: str | None = None
     # The input shapes this prepared backend can run, where it runs only those (known once
     # convert() or prepare() has run): the sample's, as LiteRT when TFLite converts the model
     # at the sample's exact shapes but not with its free dimensions. None: any shape the

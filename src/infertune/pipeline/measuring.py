@@ -130,6 +130,7 @@ def measure(
                     f"measuring{where}: round {n}, {t:.1f} of {budget_s:.1f} s", log=False
                 ),
                 callers=callers,
+                until_decided=True,
             )
     errors.update({name: f"measurement: {reason}" for name, reason in measured.errors.items()})
     return measured.stats, errors

@@ -27,6 +27,7 @@ from ..model.tolerance import (
     Comparison,
     compare_outputs,
 )
+from ..options import REFERENCE_NAMES
 from ..precision.gate import (
     PrecisionData,
     describe,
@@ -81,6 +82,11 @@ def first_call_and_verify(
     backend, result = state.backend, state.result
     name, deadline = backend.name, state.deadline
     checks = checks_for(backend, run.checks)
+    if name in REFERENCE_NAMES and run.options.reference == "eager":
+        # The model's own call made every check's reference: run again, it shows only
+        # whether it is deterministic, which the checks at the sample's shapes show (the
+        # batch of 3 took ResNet50 128's eager call 0.24 s, the sample 0.15 s).
+        checks = [check for check in checks if check.shapes == checks[0].shapes]
     if backend.exact_shapes is not None:
         result.exact_shapes = [list(shape) for shape in backend.exact_shapes]
         result.exact_reason = backend.exact_reason

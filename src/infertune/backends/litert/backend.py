@@ -102,6 +102,8 @@ class LiteRT(Backend):
     def __init__(self, threads: int | None = None):
         self.threads = self.threads_variant = threads
         self.name = type(self).name + (f":threads={threads}" if threads else "")
+        if threads:  # the same flatbuffer on fewer threads: the default's rehearsal says
+            self.rehearsal_twin = type(self).name
         self._bucket_pools: list[Interpreters] = []  # shaped_runner's, one per bucket
 
     def available(self) -> str | None:

@@ -10,6 +10,7 @@ as a reduced-precision candidate. Each is measured like any other.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from functools import partial
@@ -133,6 +134,9 @@ class OnnxRuntimeCpu(Backend):
         if not self.settings.intra_op_threads and self.settings != OrtSettings():
             self.session_variant = self.settings.suffix().lstrip(":").replace(":", ", ")
         self.threads_variant = self.settings.intra_op_threads or None
+        threads_only = dataclasses.replace(self.settings, intra_op_threads=0, allow_spinning=True)
+        if self.settings != OrtSettings() and threads_only == OrtSettings():
+            self.rehearsal_twin = type(self).name
         # Measured here: after each call, a spinning worker burns about 37 ms of one core.
         self.cooldown_s = 0.05 if self.settings.spins else 0.0
 
