@@ -97,3 +97,15 @@ class NotImportableInChild(_FromNothing):
 
 
 NotImportableInChild.__module__ = "a_module_only_the_parent_has"
+
+
+class RunsInChild(_FromNothing):
+    """Runs, slowly enough that the child's lines arrive while several threads wait for
+    them (returns zeros: its verdict, not its numbers, is what the tests read)."""
+
+    name = "runs-in-child"
+    rehearse_in_child = True
+
+    def run(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
+        time.sleep(0.02)
+        return [np.zeros((len(inputs[0]), 3), np.float32)]

@@ -10,7 +10,7 @@ import pytest
 from helpers import dense_model
 
 import infertune
-import infertune.backends as registry
+import infertune.backends.registry as registry
 from infertune.backends.tf_function import TfFunction
 from infertune.pipeline.timing import LatencyStats
 from infertune.report import BatchResult, Report

@@ -311,7 +311,7 @@ def _first_call_and_export_end(monkeypatch, rng, backend_class, export_delay_s=0
 @pytest.mark.slow
 def test_a_large_model_compiles_xla_after_the_conversions(monkeypatch, rng):
     """XLA's compile (3x the weights) waits for the ONNX export (4x) to end, not beside it."""
-    from infertune.backends import TfXla
+    from infertune.backends.tf_xla import TfXla
 
     report, first_call, export_ended = _first_call_and_export_end(monkeypatch, rng, TfXla)
     by_name = {c.name: c for c in report.candidates}

@@ -15,8 +15,8 @@ import infertune
 from infertune.errors import InputError, OptionError
 from infertune.model.inputs import build_signature
 from infertune.model.traffic import read_traffic
+from infertune.pipeline.bucket_plan import best_plan
 from infertune.pipeline.padding import check_padding, pad_values_for
-from infertune.pipeline.traffic_plan import _best_plan
 from infertune.result.buckets import Bucket, Buckets, bucketed
 
 pytestmark = needs_onnxruntime
@@ -126,18 +126,18 @@ def test_the_plan_pads_where_that_is_faster_and_runs_exact_lengths_where_that_is
     planning = np.array([4, 6, 8, 10, 12, 14, 16] * 10 + [40, 60])
     costs = {"fixed": np.array([1.0, 1.2, 1.6, 2.4]), "free": np.array([1.5, 2.0, 3.0, 5.0])}
     switch = {"fixed": 5.0, "free": 0.0}
-    plan = _best_plan(points, planning, costs, switch, ["fixed", "free"], padding_ok=True)
+    plan = best_plan(points, planning, costs, switch, ["fixed", "free"], padding_ok=True)
     assert [(c.upper, c.name, c.padded) for c in plan][:2] == [
         (8, "fixed", True),
         (16, "fixed", True),
     ]
     assert plan[-1].upper == 64
     # Without padding (not exact for the model): the requests at their own lengths only.
-    exact = _best_plan(points, planning, costs, switch, ["fixed", "free"], padding_ok=False)
+    exact = best_plan(points, planning, costs, switch, ["fixed", "free"], padding_ok=False)
     assert all(not c.padded for c in exact) and {c.name for c in exact} == {"free"}
     # A bucket that saves nothing is not made: one cost everywhere, one bucket.
     flat = {"free": np.array([1.0, 1.0, 1.0, 1.0])}
-    assert len(_best_plan(points, planning, flat, {"free": 0.0}, ["free"], True)) == 1
+    assert len(best_plan(points, planning, flat, {"free": 0.0}, ["free"], True)) == 1
 
 
 # -- dispatch ---------------------------------------------------------------------------------

@@ -126,7 +126,7 @@ def keras_feature_map(model, x):
 
 @pytest.mark.slow
 def test_exact_runtimes_on_a_deep_network_are_accepted():
-    import infertune.backends as registry
+    import infertune.backends.registry as registry
 
     # Every exact runtime that can run here, verified on the image-like sample, two fresh
     # random inputs in its range and one at another batch size: on each of these the old

@@ -17,6 +17,7 @@ from crashing_backends import (
     HangsInProcess,
     NotImportableInChild,
     RaisesInChild,
+    RunsInChild,
     SegfaultsAtFirstCall,
 )
 from helpers import TESTS, dense_model
@@ -161,6 +162,45 @@ def _children(pid: int) -> list[str]:
         except (OSError, ValueError, IndexError):
             continue
     return found
+
+
+def test_rehearsals_waited_for_by_several_threads_each_get_their_verdict():
+    # optimize() prepares candidates on two background threads, and a thread variant waits
+    # for its twin's rehearsal: every waiter must get the verdict, none may read another's
+    # answer and wait for a line that never comes.
+    import threading
+
+    from infertune.model.inputs import build_signature
+    from infertune.model.structure import flatten
+    from infertune.model.target import Target
+    from infertune.pipeline.isolation import Isolation
+
+    x = np.zeros((2, 3), np.float32)
+    signature, sample = build_signature(x, None, np.float32)
+    target = Target(None, signature, flatten(x)[1], [np.dtype("float32")])
+    isolation = Isolation("process", 60.0)
+    try:
+        for _ in range(5):
+            rehearsals = [
+                isolation.submit(RunsInChild(), target, [sample] * 3, 60.0) for _ in range(3)
+            ]
+            verdicts: list[bool] = []
+
+            def wait(rehearsal, verdicts=verdicts):
+                verdicts.append(rehearsal.wait(time.perf_counter() + 30))
+
+            waiters = [  # two threads on each, as a twin and its variant
+                threading.Thread(target=wait, args=(r,)) for r in rehearsals * 2
+            ]
+            start = time.perf_counter()
+            for waiter in waiters:
+                waiter.start()
+            for waiter in waiters:
+                waiter.join(40)
+            assert verdicts == [True] * 6, verdicts
+            assert time.perf_counter() - start < 30
+    finally:
+        isolation.close()
 
 
 PARENT = """

@@ -31,7 +31,10 @@ def test_every_candidate_has_a_status_and_measured_numbers(report):
     for c in report.candidates:
         assert c.status in STATUSES
         if c.status in ("ok", "selected"):
-            assert c.p50 > 0 and c.p90 >= c.p50 and c.p99 >= c.p90 and c.mean > 0 and c.n >= 5
+            assert c.p50 > 0 and c.p90 >= c.p50 and c.p99 >= c.p90 and c.mean > 0
+            # Five calls at least, unless it left the rounds far behind another (the reason
+            # says after how many).
+            assert c.n >= 5 or "it left the rest" in c.reason, (c.name, c.n, c.reason)
             assert c.throughput == pytest.approx(16 / (c.mean / 1e3))
             assert c.first_call_ms > 0 and c.prepare_s >= 0 and c.max_rel_err is not None
             if c.status == "ok":

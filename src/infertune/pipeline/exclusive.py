@@ -1,7 +1,7 @@
 """Timing has the machine to itself: no work of optimize() runs while a candidate is timed.
 
 optimize() overlaps its stages (a conversion in this thread, a compile and a verification in
-the background thread, rehearsals in the child process, a conversion in a worker process), but
+the background threads, rehearsals in the child process, a conversion in a worker process), but
 a candidate timed beside any of them is timed on a machine with a core taken: a runtime on two
 threads then loses more than one on one thread, and the choice follows the overlap, not the
 candidates (MobileNetV2 160 chose LiteRT on one thread 1.46x slower than ONNX Runtime's

@@ -97,6 +97,9 @@ class Isolation:
         self._jobs = 0
         self._queue: deque[Rehearsal] = deque()  # sent to the child, not yet answered
         self._lock = threading.RLock()  # the queue and the worker, between two threads
+        # One thread reads the child's lines at a time: two readers would each take some of
+        # one job's lines, and one would wait for a line the other has already read.
+        self._reading = threading.Lock()
         self.notes: list[str] = []  # for the report: where isolation fell back
         self.child_seconds: dict[str, float] = {}  # each rehearsal's time in the child
         # The run's turns of work and timing (exclusive.py), where the pipeline set them.
@@ -233,6 +236,25 @@ class Isolation:
         """Read the child's answers: until `until` has its verdict (or `give_up_at` has
         come), or (None) only what has arrived, without waiting. Sets each answered job's
         outcome."""
+        if not self._await_reading(until, give_up_at):
+            return
+        try:
+            self._read_lines(until, give_up_at)
+        finally:
+            self._reading.release()
+
+    def _await_reading(self, until: Rehearsal | None, give_up_at: float) -> bool:
+        """Take the turn to read the child's lines; False where there is no need any more:
+        another thread reads (without waiting, `until` None), it answered `until`, or
+        `give_up_at` came."""
+        if until is None:
+            return self._reading.acquire(blocking=False)
+        while not self._reading.acquire(timeout=0.05):
+            if until.outcome is not _PENDING or time.perf_counter() >= give_up_at:
+                return False
+        return True
+
+    def _read_lines(self, until: Rehearsal | None, give_up_at: float) -> None:
         try:
             while True:
                 with self._lock:

@@ -35,6 +35,8 @@ from dataclasses import dataclass
 
 from ..backends import Backend
 from ..backends.base import RunFacts
+from ..model.sizes import ModelSize
+from ..model.target import Target
 from ..report import CandidateResult
 from ..system.environment import usable_cores
 from ..system.resources import page_out_own_files
@@ -116,11 +118,13 @@ def prepare_all(candidates: list[Backend], run: Preparation) -> Prepared:
     # while this thread converts the next candidate. Two where there are two cores: once the
     # conversions are made, the candidates still to compile and verify take both (ResNet50
     # 128: optimize() 18.0-18.5 s against 19.1-20.7 s with one, in fresh processes), one
-    # where memory is tight (each compile holds a copy of the weights). Not with isolation
-    # "off": everything then runs in the caller's thread, one candidate after another.
-    workers = 1 if target.memory_tight is not None or usable_cores() < 2 else 2
+    # where memory is tight or the model large (each compile holds a copy of the weights).
+    # Not with isolation "off": everything then runs in the caller's thread, one candidate
+    # after another.
     background = (
-        ThreadPoolExecutor(workers, "infertune background") if isolation.mode != "off" else None
+        ThreadPoolExecutor(_background_threads(target), "infertune background")
+        if isolation.mode != "off"
+        else None
     )
     if background is None:
         run.converted.set()
@@ -259,6 +263,14 @@ def _start(state: Candidate, run: Preparation, background: ThreadPoolExecutor) -
     return guarded(state, run, start)
 
 
+def _background_threads(target: Target) -> int:
+    """Two background threads, or one where memory is tight, the model takes the large-model
+    paths (each compile at once holds a copy of the weights) or one core is usable."""
+    weights = target.weights_measured
+    large = weights is not None and ModelSize(weights).lean
+    return 1 if target.memory_tight is not None or large or usable_cores() < 2 else 2
+
+
 def _rehearsed_twin(state: Candidate, run: Preparation) -> Candidate | None:
     """The candidate whose rehearsal answers for this one (Backend.rehearsal_twin: the same
     artifact in the same runtime on other threads), where it was rehearsed in this run: on
@@ -271,7 +283,7 @@ def _rehearsed_twin(state: Candidate, run: Preparation) -> Candidate | None:
 
 
 def _after_rehearsal(state: Candidate, run: Preparation) -> None:
-    """In the background thread: wait for the rehearsal's verdict, then compile, first call
+    """In a background thread: wait for the rehearsal's verdict, then compile, first call
     and verify here (raises on failure)."""
     isolation, budget = run.isolation, run.budget
     if state.rehearsal is not None:
@@ -293,7 +305,7 @@ def _after_rehearsal(state: Candidate, run: Preparation) -> None:
 
 
 def _finish(state: Candidate, run: Preparation) -> None:
-    """Wait for what the background thread does for a candidate (its verdict)."""
+    """Wait for what a background thread does for a candidate (its verdict)."""
     budget = run.budget
     give_up = budget.candidates_end(run.contenders_at_most()) if budget.limited else None
 

@@ -12,9 +12,7 @@ the sample's shape:
    of the traffic's lengths (what switching between shapes costs it: an interpreter resized,
    a compile);
 2. the buckets and a candidate per bucket that minimize the expected latency over the
-   traffic (dynamic programming over the measured lengths): a bucket pads its requests to
-   its bound, or runs them at their own length where that is faster; each bucket beyond the
-   first must save BUCKET_GAIN of the expected latency, and there are at most MAX_BUCKETS;
+   traffic (bucket_plan.py: dynamic programming over the measured lengths);
 3. the plan verified (each bucket at its bound, padded requests against the model's outputs)
    and timed on held-out traffic against the best single candidate at exact shapes,
    interleaved; a plan that is not faster there gives way to that candidate.
@@ -42,6 +40,15 @@ from ..options import REFERENCE_NAMES
 from ..report import CandidateResult
 from ..report.progress import Progress
 from ..result.buckets import Bucket, Buckets
+from .bucket_plan import (
+    BucketChoice,
+    best_plan,
+    best_single,
+    expected,
+    interpolated,
+    most_buckets,
+    waste,
+)
 from .exclusive import Exclusive
 from .padding import PaddingCheck, check_padding
 from .reference import Check
@@ -52,10 +59,6 @@ __all__ = ["TrafficFrame", "TrafficPlan", "frame_traffic", "plan_buckets", "traf
 # The quantiles of the traffic's lengths the candidates are measured at (the buckets'
 # possible bounds), the longest always among them.
 LENGTH_QUANTILES = (0.0, 0.1, 0.25, 0.5, 0.75, 0.9, 0.97, 1.0)
-MAX_BUCKETS = 6
-# A bucket beyond the first must save this share of the expected latency: each holds its
-# own prepared state (interpreters, a compile) and its own buffers.
-BUCKET_GAIN = 0.01
 # Candidates measured at the lengths: the fastest at the sample's shape, the choice among them.
 MEASURED = 4
 HELD_OUT = 0.25  # the share of the traffic kept for the plan's own timing
@@ -177,17 +180,17 @@ def plan_buckets(
         switch_ms=switch,
     )
     padding_ok = frame.dim_index is not None
-    most = _most_buckets(costs, contenders, weights_bytes, memory_free)
-    plan = _best_plan(frame.lengths, planning, costs, switch, exact_ok, padding_ok, most)
-    single = _best_single(planning, frame.lengths, costs, switch, exact_ok)
+    most = most_buckets(costs, contenders, weights_bytes, memory_free)
+    plan = best_plan(frame.lengths, planning, costs, switch, exact_ok, padding_ok, most)
+    single = best_single(planning, frame.lengths, costs, switch, exact_ok)
     padded_max = min(
         ((n, float(c[-1])) for n, c in costs.items() if not math.isnan(c[-1])),
         key=lambda pair: pair[1], default=(None, math.nan),
     )  # fmt: skip
-    exact_plan = [_Choice(0, frame.lengths[-1], single[0], False, 0.0)] if single[0] else []
-    single_p99 = _expected(exact_plan, planning, frame.lengths, costs, switch)["p99_ms"]
+    exact_plan = [BucketChoice(0, frame.lengths[-1], single[0], False, 0.0)] if single[0] else []
+    single_p99 = expected(exact_plan, planning, frame.lengths, costs, switch)["p99_ms"]
     summary.update(
-        expected=_expected(plan, planning, frame.lengths, costs, switch),
+        expected=expected(plan, planning, frame.lengths, costs, switch),
         exact_single={"candidate": single[0], "mean_ms": single[1], "p99_ms": single_p99},
         padded_to_max={
             "candidate": padded_max[0],
@@ -196,7 +199,7 @@ def plan_buckets(
         },
         padding=frame.padding.to_dict() if frame.padding else None,
         exact_only=frame.why_exact or None,
-        waste=_waste(plan, planning),
+        waste=waste(plan, planning),
         planned=_bucket_rows(plan, planning, costs, frame.lengths),
         beyond=single[0],
     )
@@ -210,7 +213,7 @@ def plan_buckets(
     # The plan and, where it has more than two buckets, the best of at most two: timed with
     # the best single candidate at exact shapes on held-out traffic, the fastest kept.
     plans = {"the buckets": plan}
-    fewer = _best_plan(frame.lengths, planning, costs, switch, exact_ok, padding_ok, 2)
+    fewer = best_plan(frame.lengths, planning, costs, switch, exact_ok, padding_ok, 2)
     if len(plan) > 2 and fewer and fewer != plan:
         plans["two buckets"] = fewer
     tried = {label: _buckets(p, contenders, frame, single[0]) for label, p in plans.items()}
@@ -232,8 +235,8 @@ def plan_buckets(
     summary["kept"] = best
     if best != "the buckets":
         summary["planned"] = _bucket_rows(plans[best], planning, costs, frame.lengths)
-        summary["expected"] = _expected(plans[best], planning, frame.lengths, costs, switch)
-        summary["waste"] = _waste(plans[best], planning)
+        summary["expected"] = expected(plans[best], planning, frame.lengths, costs, switch)
+        summary["waste"] = waste(plans[best], planning)
     summary["buckets"] = summary["planned"]
     return TrafficPlan(tried[best], summary)
 
@@ -259,7 +262,7 @@ def _why_exact(held: dict | None, summary: dict) -> str:
 
 
 def _bucket_rows(
-    plan: list[_Choice], planning: np.ndarray, costs: dict[str, np.ndarray], points: list[int]
+    plan: list[BucketChoice], planning: np.ndarray, costs: dict[str, np.ndarray], points: list[int]
 ) -> list[dict]:
     """The plan's buckets for the report: bound, candidate, padded, share of the planning
     requests, p50 at the bound."""
@@ -370,7 +373,7 @@ def _switching_costs(
                 mean_ms = (time.perf_counter() - start) * 1e3 / len(stream)
             except Exception:
                 continue
-            steady = float(np.mean(_interpolated(frame.lengths, costs[name], stream_lengths)))
+            steady = float(np.mean(interpolated(frame.lengths, costs[name], stream_lengths)))
             switch[name] = max(0.0, mean_ms - steady)
     return switch
 
@@ -387,180 +390,6 @@ def _planning_lengths(frame: TrafficFrame) -> np.ndarray:
     return frame.traffic.lengths(0)[rows]
 
 
-def _interpolated(points: list[int], values: np.ndarray, at: np.ndarray) -> np.ndarray:
-    """Values at `at`, linear between the measured points (and beyond, by the last two)."""
-    xs, ys = np.asarray(points, float), np.asarray(values, float)
-    ok = ~np.isnan(ys)
-    xs, ys = xs[ok], ys[ok]
-    if len(xs) == 1:
-        return np.full(len(at), ys[0])
-    result = np.interp(at, xs, ys)
-    high = at > xs[-1]
-    slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])
-    result[high] = ys[-1] + slope * (at[high] - xs[-1])
-    return result
-
-
-@dataclass
-class _Choice:
-    """One bucket of a plan: (low, upper], its candidate, padded or at own length, cost."""
-
-    low: int
-    upper: int
-    name: str
-    padded: bool
-    cost: float  # ms, summed over the planning requests in it
-
-
-def _bucket_options(
-    low: int,
-    upper: int,
-    j: int,
-    planning: np.ndarray,
-    points: list[int],
-    costs: dict[str, np.ndarray],
-    switch: dict[str, float],
-    exact_ok: list[str],
-    padding_ok: bool,
-) -> _Choice | None:
-    """The cheapest way to serve the planning requests in (low, upper]."""
-    inside = planning[(planning > low) & (planning <= upper)]
-    if not len(inside):
-        return _Choice(low, upper, next(iter(costs)), padding_ok, 0.0)
-    best = None
-    for name, at in costs.items():
-        options = []
-        if padding_ok and not math.isnan(at[j]):
-            options.append((True, len(inside) * float(at[j])))
-        if name in exact_ok and name in switch:
-            steady = _interpolated(points, at, inside.astype(float))
-            options.append((False, float(np.sum(steady)) + len(inside) * switch[name]))
-        for pad, cost in options:
-            if best is None or cost < best.cost:
-                best = _Choice(low, upper, name, pad, cost)
-    return best
-
-
-def _most_buckets(
-    costs: dict[str, np.ndarray],
-    contenders: dict[str, Backend],
-    weights_bytes: int | None,
-    memory_free: int | None,
-) -> int:
-    """MAX_BUCKETS, or fewer where a measured candidate copies the weights for each bucket
-    (Backend.bucket_memory_factor) and half the memory free holds no more copies."""
-    factor = max((contenders[name].bucket_memory_factor for name in costs), default=0.0)
-    if factor <= 0 or not weights_bytes or memory_free is None:
-        return MAX_BUCKETS
-    return max(1, min(MAX_BUCKETS, int(0.5 * memory_free / (factor * weights_bytes))))
-
-
-def _best_plan(
-    points: list[int],
-    planning: np.ndarray,
-    costs: dict[str, np.ndarray],
-    switch: dict[str, float],
-    exact_ok: list[str],
-    padding_ok: bool,
-    most: int = MAX_BUCKETS,
-) -> list[_Choice]:
-    """The buckets (bounds among `points`) and their candidates of least expected latency,
-    each bucket after the first saving BUCKET_GAIN of it, at most `most`."""
-    k = len(points)
-    bounds = [0, *points]
-    # best[b][j]: (cost, plan) covering lengths up to points[j-1] with b buckets.
-    best: list[list[tuple[float, list[_Choice]] | None]] = [
-        [None] * (k + 1) for _ in range(most + 1)
-    ]
-    best[0][0] = (0.0, [])
-    for b in range(1, most + 1):
-        for j in range(1, k + 1):
-            for i in range(j):
-                previous = best[b - 1][i]
-                if previous is None:
-                    continue
-                option = _bucket_options(
-                    bounds[i], bounds[j], j - 1, planning, points, costs, switch, exact_ok,
-                    padding_ok,
-                )  # fmt: skip
-                if option is None:
-                    continue
-                total = previous[0] + option.cost
-                if best[b][j] is None or total < best[b][j][0]:
-                    best[b][j] = (total, [*previous[1], option])
-    plans = [best[b][k] for b in range(1, most + 1) if best[b][k] is not None]
-    if not plans:
-        return []
-    chosen = plans[0]
-    for plan in plans[1:]:
-        gained = chosen[0] - plan[0]
-        if gained > BUCKET_GAIN * chosen[0] * (len(plan[1]) - len(chosen[1])):
-            chosen = plan
-    return _merged(chosen[1])
-
-
-def _merged(plan: list[_Choice]) -> list[_Choice]:
-    """Neighbouring buckets that run their requests at their own lengths by one candidate
-    are one bucket."""
-    merged: list[_Choice] = []
-    for choice in plan:
-        last = merged[-1] if merged else None
-        if last and not last.padded and not choice.padded and last.name == choice.name:
-            merged[-1] = _Choice(last.low, choice.upper, last.name, False, last.cost + choice.cost)
-        else:
-            merged.append(choice)
-    return merged
-
-
-def _best_single(
-    planning: np.ndarray,
-    points: list[int],
-    costs: dict[str, np.ndarray],
-    switch: dict[str, float],
-    exact_ok: list[str],
-) -> tuple[str | None, float]:
-    """The candidate of least expected latency at the requests' own lengths, and that mean."""
-    best: tuple[str | None, float] = (None, math.inf)
-    for name in exact_ok:
-        if name not in switch:
-            continue
-        mean = float(np.mean(_interpolated(points, costs[name], planning.astype(float))))
-        mean += switch[name]
-        if mean < best[1]:
-            best = (name, mean)
-    return best
-
-
-def _expected(
-    plan: list[_Choice],
-    planning: np.ndarray,
-    points: list[int],
-    costs: dict[str, np.ndarray],
-    switch: dict[str, float],
-) -> dict:
-    """The plan's expected mean and p99 ms per request over the planning traffic."""
-    per_request = np.zeros(len(planning))
-    for choice in plan:
-        inside = (planning > choice.low) & (planning <= choice.upper)
-        at = costs[choice.name]
-        if choice.padded:
-            per_request[inside] = at[points.index(choice.upper)]
-        else:
-            steady = _interpolated(points, at, planning[inside].astype(float))
-            per_request[inside] = steady + switch.get(choice.name, 0.0)
-    return {"mean_ms": float(per_request.mean()), "p99_ms": float(np.percentile(per_request, 99))}
-
-
-def _waste(plan: list[_Choice], planning: np.ndarray) -> float:
-    """The share of the padded requests' positions that are padding."""
-    real = padded_total = 0
-    for choice in plan:
-        inside = planning[(planning > choice.low) & (planning <= choice.upper)]
-        real += int(inside.sum())
-        padded_total += choice.upper * len(inside) if choice.padded else int(inside.sum())
-    return 1.0 - real / padded_total if padded_total else 0.0
-
-
 def _histogram(lengths: np.ndarray, bins: int = 24) -> dict:
     counts, edges = np.histogram(lengths, bins=min(bins, max(1, len(np.unique(lengths)))))
     return {"counts": counts.tolist(), "edges": edges.tolist()}
@@ -568,7 +397,7 @@ def _histogram(lengths: np.ndarray, bins: int = 24) -> dict:
 
 # -- the plan as buckets, verified and timed ------------------------------------------------
 def _buckets(
-    plan: list[_Choice], contenders: dict[str, Backend], frame: TrafficFrame, beyond: str
+    plan: list[BucketChoice], contenders: dict[str, Backend], frame: TrafficFrame, beyond: str
 ) -> Buckets:
     padding = frame.padding
     traffic = frame.traffic
