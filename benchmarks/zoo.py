@@ -331,11 +331,18 @@ def worst_callable_error(r: dict) -> str:
     return f"{max(values):.0e}"
 
 
+def chosen(r: dict) -> str:
+    """infertune's choice; "(exact-shape path)" where it serves the sample's shapes only and
+    another candidate every other shape."""
+    general = r.get("general_backend")
+    return r["selected"] + (" (exact-shape path)" if general and general != r["selected"] else "")
+
+
 def markdown(results: list[dict]) -> dict:
     return harness.runtime_table(
         results,
         ["opt(x) err", "exact candidates rejected"],
-        lambda r: r["selected"],
+        chosen,
         lambda r: [worst_callable_error(r), ", ".join(r["exact_mismatch"]) or "none"],
     )
 

@@ -3,10 +3,11 @@ deployment answering tritonclient over the Open Inference Protocol, the deployme
 burst of bad requests (decompression bombs among them) and a replica killed with SIGKILL, and
 `infertune serve` stopped with Ctrl-C and with SIGTERM.
 
-One Ray for the whole session (`ray.init(num_cpus=2)`, 7-10 s), bound to 127.0.0.1, with its
-files in a temporary directory and its authentication token in the environment rather than
-in ~/.ray. At the end of the session no process it started is left running and its files are
-removed; `infertune serve`'s own Ray is checked the same way.
+One Ray for this module's tests (`ray.init(num_cpus=2)`, 7-10 s), bound to 127.0.0.1, with
+its files in a temporary directory and its authentication token in the environment rather
+than in ~/.ray. After the module no process it started is left running and its files are
+removed (the documentation's Ray snippets, tested later, start a Ray of their own);
+`infertune serve`'s own Ray is checked the same way.
 """
 
 from __future__ import annotations
@@ -34,10 +35,11 @@ from helpers import dense_model
 import infertune
 
 # Ray reads its authentication settings when it is imported: a token in the environment
-# (rather than the one it would write to ~/.ray/auth_token) for the session's Ray.
-_RAY_ENV = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(16)}
-_ENV_BEFORE = {key: os.environ.get(key) for key in _RAY_ENV}
-os.environ.update(_RAY_ENV)
+# (rather than the one it would write to ~/.ray/auth_token). It stays set for the rest of the
+# test process: Ray keeps token mode once imported, and a later Ray of this process (the
+# documentation's snippets) without the token would never start its GCS server.
+os.environ.setdefault("RAY_AUTH_MODE", "token")
+os.environ.setdefault("RAY_AUTH_TOKEN", secrets.token_hex(16))
 
 ray = pytest.importorskip("ray", reason='pip install "infertune[ray]" (in the test extra)')
 http = pytest.importorskip("tritonclient.http", reason='pip install "tritonclient[http]"')
@@ -97,9 +99,9 @@ def _session(sid: int) -> set[tuple[int, str]]:
     return {(pid, info[3]) for pid, info in _processes().items() if info[1] == sid}
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def local_ray():
-    """One local Ray for the session; afterwards nothing of it runs or stays on disk."""
+    """One local Ray for this module; afterwards nothing of it runs or stays on disk."""
     ray_home = Path.home() / ".ray"
     had_ray_home = ray_home.exists()
     # Ray puts unix sockets under its temp dir: keep the path short (108 bytes at most).
@@ -113,11 +115,6 @@ def local_ray():
         ray.shutdown()
         left = _still_running(started, timeout_s=30)
         shutil.rmtree(temp_dir, ignore_errors=True)
-        for key, value in _ENV_BEFORE.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
         assert not left, f"Ray processes still running after ray.shutdown(): {left}"
         assert had_ray_home or not ray_home.exists(), "the tests' Ray wrote ~/.ray"
 
@@ -314,7 +311,7 @@ def test_serve_command_stops_on_ctrl_c_and_sigterm(dense_saved, tmp_path, signum
     exits 0."""
     port = _free_port()
     temp_dir = tempfile.mkdtemp(prefix="ray-", dir="/tmp")
-    env = {**os.environ, **_RAY_ENV, "RAY_TMPDIR": temp_dir}
+    env = {**os.environ, "RAY_TMPDIR": temp_dir}  # the token above among them
     log = tmp_path / "serve.log"
     with open(log, "wb") as out:
         process = subprocess.Popen(
