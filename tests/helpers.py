@@ -137,6 +137,20 @@ def target_for(model, sample):
     return Target(source, signature, structure, [r.dtype for r in reference])
 
 
+def model_free_target(x):
+    """A Target with no model behind it, for one float32 array `x` (the rehearsal child's
+    tests: their candidates need only the signature and the outputs' structure), and the
+    sample's flat inputs."""
+    import numpy as np
+
+    from infertune.model.inputs import build_signature
+    from infertune.model.structure import flatten
+    from infertune.model.target import Target
+
+    signature, sample = build_signature(x, None, np.float32)
+    return Target(None, signature, flatten(x)[1], [np.dtype("float32")]), sample
+
+
 def prepared_backend(backend, model, sample):
     """`backend` prepared on the Target that optimize() builds, outside the pipeline; with
     the input signature."""

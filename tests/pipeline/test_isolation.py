@@ -20,7 +20,7 @@ from crashing_backends import (
     RunsInChild,
     SegfaultsAtFirstCall,
 )
-from helpers import TESTS, dense_model
+from helpers import TESTS, dense_model, model_free_target
 
 import infertune
 from infertune.errors import OptionError
@@ -170,14 +170,9 @@ def test_rehearsals_waited_for_by_several_threads_each_get_their_verdict():
     # answer and wait for a line that never comes.
     import threading
 
-    from infertune.model.inputs import build_signature
-    from infertune.model.structure import flatten
-    from infertune.model.target import Target
     from infertune.pipeline.isolation import Isolation
 
-    x = np.zeros((2, 3), np.float32)
-    signature, sample = build_signature(x, None, np.float32)
-    target = Target(None, signature, flatten(x)[1], [np.dtype("float32")])
+    target, sample = model_free_target(np.zeros((2, 3), np.float32))
     isolation = Isolation("process", 60.0)
     try:
         for _ in range(5):

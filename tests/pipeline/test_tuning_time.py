@@ -24,6 +24,7 @@ from helpers import (
     conv_model,
     dense_model,
     flatten_cnn,
+    model_free_target,
     needs_litert,
     prepared_backend,
 )
@@ -298,9 +299,7 @@ def test_a_conversion_built_inside_another_is_timed_once():
     built yet: each shared build's seconds are its own, the nested one's left out of the
     outer's, so a stage holding both adds up to its time (not the float32 conversion twice,
     which also taught the machine's record the wrong cost)."""
-    x = np.zeros((2, 3), np.float32)
-    signature, _ = build_signature(x, None, np.float32)
-    target = Target(None, signature, flatten(x)[1], [np.dtype("float32")])
+    target, _ = model_free_target(np.zeros((2, 3), np.float32))
 
     def outer():
         time.sleep(0.2)
@@ -506,9 +505,7 @@ def test_no_worker_process_starts_for_a_class_it_cannot_import(monkeypatch):
 
 # -- rehearsals queued in the child -----------------------------------------------------------
 def test_jobs_queued_behind_a_crash_go_to_a_fresh_child():
-    x = np.zeros((2, 3), np.float32)
-    signature, sample = build_signature(x, None, np.float32)
-    target = Target(None, signature, flatten(x)[1], [np.dtype("float32")])
+    target, sample = model_free_target(np.zeros((2, 3), np.float32))
     isolation = Isolation("process", 60)
     try:
         crash = isolation.submit(SegfaultsAtFirstCall(), target, [sample], 60)
