@@ -274,13 +274,19 @@ def test_batch_sizes_are_read_from_the_traffic():
     from infertune.model.traffic import Traffic
     from infertune.pipeline.tune import traffic_batch_sizes
 
-    def sizes(batches):
-        return traffic_batch_sizes(Traffic((), np.asarray(batches), np.zeros((len(batches), 0))))
+    def sizes(batches, sample=1):
+        traffic = Traffic((), np.asarray(batches), np.zeros((len(batches), 0)))
+        return traffic_batch_sizes(traffic, sample)
 
     assert sizes([1, 1, 1]) is None  # one batch size: nothing to choose per batch
+    assert sizes([4, 4], sample=4) is None  # the sample's only
     assert sizes([1, 4, 4, 2]) == (1, 2, 4)
     many = sizes(list(range(1, 33)))
     assert many[0] == 1 and many[-1] == 32 and len(many) <= 4
+    # A size with a tuned one at most 1.25x above it is left to that one (the sample's too):
+    # a request goes to the choice for the smallest tuned size at or above its own.
+    assert sizes([1, 5, 5, 8, 31], sample=6) == (1, 8, 31)
+    assert sizes([1, 4, 5], sample=1) == (1, 5)
 
 
 @pytest.mark.slow
@@ -290,10 +296,27 @@ def test_a_traffic_of_batch_sizes_tunes_a_choice_per_batch_size():
     rng = np.random.default_rng(0)
     requests = [rng.random((int(n), 6), np.float32) for n in rng.choice([1, 2, 8], 30)]
     opt = infertune.optimize(
-        dense_model(), requests[0], traffic=requests, backends=["onnxruntime-cpu"],
+        dense_model(), requests[0], traffic=requests,
+        backends=["onnxruntime-cpu", "onnxruntime-cpu:threads=1", "litert", "tf-function"],
         verbose=False,
     )  # fmt: skip
     assert sorted(opt.backends_by_batch) == [1, 2, 8]
+    # Beyond the sample's batch size, only the fastest few there are timed (traffic_plan's
+    # MEASURED), the choice among them.
+    from infertune.pipeline.traffic_plan import MEASURED
+
+    sample_batch = requests[0].shape[0]
+    timed = {b.batch_size: set(b.latency) for b in opt.report.batches}
+    assert len(timed[sample_batch]) > MEASURED
+    fastest = sorted(
+        opt.report.batches[[b.batch_size for b in opt.report.batches].index(sample_batch)]
+        .latency.items(), key=lambda item: item[1].p50,
+    )  # fmt: skip
+    for size, names in timed.items():
+        if size != sample_batch:
+            assert names <= {name for name, _ in fastest[:MEASURED]}
+            assert opt.backends_by_batch[size] in names
+    assert "time only the fastest few" in str(opt.report)
     x = rng.random((5, 6), np.float32)
     np.testing.assert_allclose(opt(x), np.asarray(dense_model()(x)), rtol=1e-4, atol=1e-5)
 

@@ -48,7 +48,7 @@ from .selection import (
     other_thread_setting,
     settled,
 )
-from .traffic_plan import plan_buckets, traffic_words
+from .traffic_plan import MEASURED, plan_buckets, traffic_words
 
 __all__ = ["contest"]
 
@@ -178,9 +178,11 @@ def _selection(
     signature = frame.signature
     if forced is not None:
         return forced_choice(forced, results, contenders, signature, frame.outputs)
+    # With traffic=, the other batch sizes time the fastest few, as the traffic's lengths do.
+    fastest = MEASURED if frame.traffic is not None else None
     by_batch = measure_batches(
         contenders, frame.sample, results, signature, frame.batch_sizes, options, run.progress,
-        run.budget, prepared.call_estimates, run.exclusive,
+        run.budget, prepared.call_estimates, run.exclusive, fastest,
     )  # fmt: skip
     selection = choose(
         results, contenders, by_batch, options, signature, frame.outputs, frame.batch_sizes

@@ -33,6 +33,7 @@ def measure_batches(
     budget: Budget | None = None,
     call_estimates: dict[str, float] | None = None,
     exclusive: Exclusive | None = None,
+    fastest: int | None = None,
 ) -> dict[int, dict[str, LatencyStats]]:
     """Measure every contender at the sample's batch size (its statistics go into `results`)
     and at each other tuned batch size, on random inputs drawn like the sample (an exact-shape
@@ -41,11 +42,14 @@ def measure_batches(
 
     `call_estimates`: seconds per call at the sample's batch size seen in verification; a
     candidate with one needs no warm-up there (its verification calls were its warm-up).
-    `exclusive`: the run's turns of work and timing, which every timing here takes."""
+    `exclusive`: the run's turns of work and timing, which every timing here takes.
+    `fastest`: at the other batch sizes, only this many of the fastest at the sample's are
+    timed (None: every one); optimize(traffic=...) times its lengths the same way."""
     sizes = batch_sizes or [signature.sample_batch]
     by_name = {r.name: r for r in results}
     rng = np.random.default_rng(1)
     measured = {}
+    leaders: list[str] = []  # with `fastest`: the fastest at the sample's batch size
     # The sample's batch size first: its numbers are the candidates' own in the report.
     for i, size in enumerate(sorted(sizes, key=lambda n: n != signature.sample_batch)):
         inputs = sample if size == signature.sample_batch else signature.random_inputs(rng, size)
@@ -60,7 +64,8 @@ def measure_batches(
         running = {
             name: backend
             for name, backend in contenders.items()
-            if size == signature.sample_batch or backend.exact_shapes is None
+            if size == signature.sample_batch
+            or (backend.exact_shapes is None and (fastest is None or name in leaders))
         }
         stats, errors = measure(
             running,
@@ -76,6 +81,11 @@ def measure_batches(
             by_name[name].status, by_name[name].reason = "failed", f"{reason}{where}"
             close_quietly(contenders.pop(name))
         measured[size] = stats
+        if i == 0 and fastest is not None:
+            leaders = sorted(
+                (n for n in stats if n in contenders and contenders[n].exact_shapes is None),
+                key=lambda n: stats[n].p50,
+            )[:fastest]
     batch = signature.sample_batch or 1
     for name, stats in measured[signature.sample_batch].items():
         if name in contenders:

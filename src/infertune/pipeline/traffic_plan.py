@@ -58,17 +58,17 @@ __all__ = ["TrafficFrame", "TrafficPlan", "frame_traffic", "plan_buckets", "traf
 
 # The quantiles of the traffic's lengths the candidates are measured at (the buckets'
 # possible bounds), the longest always among them.
-LENGTH_QUANTILES = (0.0, 0.1, 0.25, 0.5, 0.75, 0.9, 0.97, 1.0)
+LENGTH_QUANTILES = (0.0, 0.25, 0.5, 0.75, 0.9, 1.0)
 # Candidates measured at the lengths: the fastest at the sample's shape, the choice among them.
 MEASURED = 4
 HELD_OUT = 0.25  # the share of the traffic kept for the plan's own timing
 HELD_OUT_MAX = 64  # requests of it timed, at most
-STREAM = 24  # requests in the stream that times each candidate's switching between lengths
-LENGTH_BUDGET_S = 0.4  # measurement at one length, every candidate
+STREAM = 16  # requests in the stream that times each candidate's switching between lengths
+LENGTH_BUDGET_S = 0.3  # measurement at one length, every candidate
 # The held-out timing: rounds over the stream (each plan once a round, interleaved), the
 # seconds it may take, and the longest pass over the stream.
 HELD_OUT_ROUNDS = 5
-HELD_OUT_BUDGET_S = 2.0
+HELD_OUT_BUDGET_S = 1.5
 HELD_OUT_PASS_S = 0.1
 # A runtime that compiles for each new shape (XLA) runs buckets only: at their own lengths,
 # the traffic's requests would compile again and again.
@@ -446,8 +446,8 @@ def _held_out_timing(
     """Each plan (the exact-shape one among them) run over the same held-out requests, the
     plans timed in interleaved rounds (one call a request stream, at least HELD_OUT_ROUNDS
     rounds, every plan to the end): ms a request of each, and their statistics. The stream
-    holds HELD_OUT_MAX requests at most, fewer where a pass would take over
-    HELD_OUT_PASS_S by the plans' expected cost."""
+    holds HELD_OUT_MAX requests at most, fewer where a plan's first (untimed) pass takes
+    over HELD_OUT_PASS_S."""
     rows = frame.held_out[:HELD_OUT_MAX]
     if not rows or not any(label != "exact" for label in plans):
         return None
@@ -459,13 +459,15 @@ def _held_out_timing(
         for row in rows
     ]  # fmt: skip
     runs = {label: buckets.run for label, buckets in plans.items()}
-    warm = time.perf_counter()
-    for run in runs.values():  # warm: every runtime has seen every shape once
-        for x in stream:
+    count = len(stream)
+    for run in runs.values():  # warm: every runtime has seen every shape it is timed on
+        start = time.perf_counter()
+        for i, x in enumerate(stream[:count]):
             run(x)
-    pass_s = (time.perf_counter() - warm) / len(runs)
-    if pass_s > HELD_OUT_PASS_S:  # a long model: fewer requests a pass
-        stream = stream[: max(4, int(len(stream) * HELD_OUT_PASS_S / pass_s))]
+            if i + 1 >= 4 and time.perf_counter() - start > HELD_OUT_PASS_S:
+                count = i + 1  # a long model: fewer requests a pass
+                break
+    stream = stream[:count]
     runners = {label: (lambda run=run: [run(x) for x in stream]) for label, run in runs.items()}
     text = f"timing {len(runners)} plans on {len(stream)} held-out requests"
     guard = exclusive.timing() if exclusive is not None else _nothing()

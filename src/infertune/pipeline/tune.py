@@ -63,7 +63,7 @@ def read_data(model: Model, options: Options, progress: Progress) -> Options:
         progress.say(f"traffic: {model.traffic.describe()}")
         digest = model.traffic.digest()
         options = dataclasses.replace(options, traffic=model.traffic, traffic_digest=digest)
-        sizes = traffic_batch_sizes(model.traffic)
+        sizes = traffic_batch_sizes(model.traffic, model.signature.sample_batch)
         if options.batch_sizes is None and sizes and model.signature.batch_is_dynamic:
             progress.say(f"batch sizes from the traffic: {list(sizes)}")
             options = dataclasses.replace(options, batch_sizes=sizes)
@@ -84,12 +84,14 @@ def read_data(model: Model, options: Options, progress: Progress) -> Options:
 
 # The batch sizes tuned where the traffic's requests come in several: each distinct one, or
 # where there are more, these quantiles of them (the largest always among them: a call goes
-# to the choice for the smallest tuned batch size at or above its own).
+# to the choice for the smallest tuned batch size at or above its own). A size with a larger
+# tuned one (the sample's among them) within CLOSE_BATCH of it is left to that one.
 BATCH_QUANTILES = (0.0, 0.5, 0.9, 1.0)
 MAX_TRAFFIC_BATCH_SIZES = 4
+CLOSE_BATCH = 1.25
 
 
-def traffic_batch_sizes(traffic: Traffic) -> tuple[int, ...] | None:
+def traffic_batch_sizes(traffic: Traffic, sample_batch: int | None) -> tuple[int, ...] | None:
     """The batch sizes to tune at for the traffic's requests; None where they are one."""
     distinct = sorted({int(n) for n in traffic.batches})
     if len(distinct) < 2:
@@ -98,7 +100,9 @@ def traffic_batch_sizes(traffic: Traffic) -> tuple[int, ...] | None:
         distinct = sorted(
             {int(n) for n in np.quantile(traffic.batches, BATCH_QUANTILES, method="higher")}
         )
-    return tuple(distinct)
+    tuned = {*distinct, *([sample_batch] if sample_batch else [])}
+    kept = [n for n in distinct if not any(n < m <= n * CLOSE_BATCH for m in tuned)]
+    return tuple(kept) if len({*kept, *([sample_batch] if sample_batch else [])}) > 1 else None
 
 
 def _digest(digest: Any, arrays: list[np.ndarray]) -> None:

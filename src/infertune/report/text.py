@@ -169,6 +169,10 @@ def _batch_table(report: Report) -> list[str]:
         if i == 0:
             lines.append("  " + "  ".join("-" * w for w in widths))
     lines.extend(f"  batch {b.batch_size}: {b.selected} ({b.reason})" for b in report.batches)
+    if report.traffic is not None:
+        lines.append(
+            "  (with traffic=, the other batch sizes time only the fastest few at the sample's)"
+        )
     return lines
 
 
