@@ -44,7 +44,8 @@ def measure_batches(
     candidate with one needs no warm-up there (its verification calls were its warm-up).
     `exclusive`: the run's turns of work and timing, which every timing here takes.
     `fastest`: at the other batch sizes, only this many of the fastest at the sample's are
-    timed (None: every one); optimize(traffic=...) times its lengths the same way."""
+    timed, in one size's time between them (None: every one, each in its own);
+    optimize(traffic=...) times its lengths the same way."""
     sizes = batch_sizes or [signature.sample_batch]
     by_name = {r.name: r for r in results}
     rng = np.random.default_rng(1)
@@ -67,10 +68,13 @@ def measure_batches(
             if size == signature.sample_batch
             or (backend.exact_shapes is None and (fastest is None or name in leaders))
         }
+        budget_s = options.measure_budget(len(sizes) - i, deadline, after)
+        if fastest is not None and i > 0:  # the other sizes share one size's time
+            budget_s /= len(sizes) - 1
         stats, errors = measure(
             running,
             inputs,
-            options.measure_budget(len(sizes) - i, deadline, after),
+            budget_s,
             progress,
             where,
             estimates,
