@@ -343,3 +343,50 @@ def test_litert_buckets_keep_interpreters_of_their_own_shapes(encoder):
         _close({"pooled": pooled, "sequence": sequence}, encoder, x)
     shapes = [pool.idle[0].shapes for pool in backend._bucket_pools]
     assert shapes == [[(1, 8), (1, 8)], [(1, 20), (1, 20)]]
+
+
+def _copying(name: str, base_s: float, per_position_s: float):
+    """A tf-function that says it copies the weights (a stand-in for a runtime holding its
+    own copy) and sleeps base_s + per_position_s x the request's length a call."""
+    import time
+
+    from infertune.backends.tf_function import TfFunction
+
+    class Copying(TfFunction):
+        memory_factor = 1.0
+
+        def __init__(self):
+            super().__init__()
+            self.name = name
+
+        def run(self, inputs):
+            time.sleep(base_s + per_position_s * inputs[0].shape[-1])
+            return super().run(inputs)
+
+    return Copying()
+
+
+@pytest.mark.slow
+def test_where_memory_is_tight_the_copy_kept_is_the_fastest_over_the_traffic(monkeypatch, encoder):
+    # Every model counts as large (holding both copies would pass 1 byte): one copy is kept
+    # for the measurement. "short" is the faster at the sample's 8 positions (5 ms against
+    # 12), "flat" over the traffic's 40-63 (12 ms against 18-27).
+    monkeypatch.setenv("INFERTUNE_HOLD_ALL_BYTES", "1")
+    rng = np.random.default_rng(0)
+    requests = [request(int(n), seed=i) for i, n in enumerate(rng.integers(40, 64, 24))]
+
+    def tuned(**traffic_given):
+        backends = [_copying("short", 0.002, 0.0004), _copying("flat", 0.012, 0.0)]
+        opt = infertune.optimize(
+            encoder, request(8), backends=backends, verbose=False, **traffic_given
+        )
+        return {c.name: c for c in opt.report.candidates}
+
+    at_sample = tuned()
+    assert at_sample["short"].latency is not None
+    assert at_sample["flat"].status == "skipped"
+    over_traffic = tuned(traffic=requests)
+    assert over_traffic["flat"].latency is not None
+    dropped = over_traffic["short"]
+    assert dropped.status == "skipped"
+    assert "on 6 requests of the traffic's lengths" in dropped.reason, dropped.reason

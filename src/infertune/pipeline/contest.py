@@ -48,7 +48,7 @@ from .selection import (
     other_thread_setting,
     settled,
 )
-from .traffic_plan import MEASURED, plan_buckets, traffic_words
+from .traffic_plan import MEASURED, plan_buckets, tournament_requests, traffic_words
 
 __all__ = ["contest"]
 
@@ -88,6 +88,8 @@ def _contest(
     isolation = Isolation(options.isolation, options.candidate_timeout_s)
     run = Preparation(target, frame.checks, options, progress, isolation, budget, planned, record)
     run.precision = frame.precision
+    if frame.traffic is not None:
+        run.tournament_requests = tournament_requests(frame.traffic, frame.signature)
     isolation.exclusive = run.exclusive
     try:
         prepared = prepare_all(frame.candidates, run)

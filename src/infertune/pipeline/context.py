@@ -81,6 +81,9 @@ class Preparation:
     # Where memory is tight: the verified candidates that copy the weights, still held for
     # the measurement (tournament.py).
     alive: list[Candidate] = field(default_factory=list)
+    # What the tournament times them on: with traffic=, requests at lengths spread over the
+    # traffic (traffic_plan.py `tournament_requests`); None: the sample.
+    tournament_requests: list[list[np.ndarray]] | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
     # Set once this thread has made every conversion: a tournament waits for it, so that no
     # conversion competes for the cores with the candidates it times.

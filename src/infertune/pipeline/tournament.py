@@ -8,8 +8,9 @@ held 5.2 GB at the end of verification). Then:
   running on fewer threads than the cores, are not tried (`skip_variant`): each holds its own
   copy of the weights, for a choice they seldom change;
 - at most KEEP_AT_ONCE verified candidates that copy the weights stay for the measurement:
-  each one verified is timed against the one kept (champion and challenger), and the slower
-  is closed at once (`keep`).
+  each one verified is timed against the one kept (champion and challenger), on the sample
+  or, with traffic=, on requests spread over the traffic's lengths, and the slower is closed
+  at once (`keep`).
 """
 
 from __future__ import annotations
@@ -131,14 +132,14 @@ def keep(state: Candidate, run: Preparation) -> None:
     # (two threads) lost 2.2x where it was as fast as OpenVINO alone.
     wait_for_rehearsals(run)
     with run.lock:
-        sample = run.checks[0].inputs
-        runners = {s.name: (lambda b=s.backend: b.run(sample)) for s in run.alive}
+        requests = _requests(run)
+        runners = {s.name: (lambda b=s.backend: [b.run(x) for x in requests]) for s in run.alive}
         with run.exclusive.timing():
             measured = measure_interleaved(
                 runners,
                 budget_s=TOURNAMENT_S,
                 min_rounds=3,
-                per_call_estimate_s={s.name: _call_s(s, run) for s in run.alive},
+                per_call_estimate_s={s.name: len(requests) * _call_s(s, run) for s in run.alive},
                 cooldown_s={s.name: s.backend.cooldown_s for s in run.alive},
             )
         run.progress.times.add_background(state.name, measured.seconds, "tournament")
@@ -150,6 +151,15 @@ def keep(state: Candidate, run: Preparation) -> None:
             if out not in kept:
                 _drop(out, run, p50, best, measured.errors.get(out.name))
         run.alive = kept
+
+
+def _requests(run: Preparation) -> list:
+    """What the candidates are timed on: with traffic=, requests spread over its lengths,
+    where every candidate held runs any shape; else the sample."""
+    spread = run.tournament_requests
+    if spread and all(s.backend.exact_shapes is None for s in run.alive):
+        return spread
+    return [run.checks[0].inputs]
 
 
 def wait_for_rehearsals(run: Preparation) -> None:
@@ -195,9 +205,11 @@ def _drop(
             else f"only {kept} kept of those that copy the weights"
         )
         result.status = "skipped"
+        count = len(_requests(run))
+        on = "" if count == 1 else f" on {count} requests of the traffic's lengths (ms for all)"
         result.reason = (
             f"{verified}, then closed before the measurement to hold memory: timed against "
-            f"the others held, p50 {p50[name]:.1f} ms against {best}'s {p50[best]:.1f} ms "
+            f"the others held{on}, p50 {p50[name]:.1f} ms against {best}'s {p50[best]:.1f} ms "
             f"({ratio:.2f}x; {rule}); {run.memory_tight}"
         )
     run.progress.say(f"{name}: closed, {result.reason}")

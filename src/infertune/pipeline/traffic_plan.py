@@ -54,13 +54,21 @@ from .padding import PaddingCheck, check_padding
 from .reference import Check
 from .timing import clearly_slower, measure_interleaved
 
-__all__ = ["TrafficFrame", "TrafficPlan", "frame_traffic", "plan_buckets", "traffic_words"]
+__all__ = [
+    "TrafficFrame",
+    "TrafficPlan",
+    "frame_traffic",
+    "plan_buckets",
+    "tournament_requests",
+    "traffic_words",
+]
 
 # The quantiles of the traffic's lengths the candidates are measured at (the buckets'
 # possible bounds), the longest always among them.
 LENGTH_QUANTILES = (0.0, 0.25, 0.5, 0.75, 0.9, 1.0)
 # Candidates measured at the lengths: the fastest at the sample's shape, the choice among them.
 MEASURED = 4
+TOURNAMENT = 6  # requests of the traffic's lengths the tournament times candidates on
 HELD_OUT = 0.25  # the share of the traffic kept for the plan's own timing
 HELD_OUT_MAX = 64  # requests of it timed, at most
 STREAM = 16  # requests in the stream that times each candidate's switching between lengths
@@ -305,6 +313,20 @@ def _request(frame: TrafficFrame, signature: InputSignature, n: int) -> list[np.
             ),
         )
     )
+
+
+def tournament_requests(
+    frame: TrafficFrame, signature: InputSignature
+) -> list[list[np.ndarray]] | None:
+    """Requests at TOURNAMENT lengths of the traffic, its quantiles at the middles of equal
+    shares (their mean time: the mean over the traffic's, roughly): what the tournament
+    (tournament.py), where memory is tight, times candidates on, so that the one kept is
+    the fastest over the traffic, not at the sample's length. None without a free length."""
+    if not frame.lengths:
+        return None
+    shares = (np.arange(TOURNAMENT) + 0.5) / TOURNAMENT
+    lengths = np.quantile(_planning_lengths(frame), shares, method="nearest")
+    return [_request(frame, signature, int(n)) for n in lengths]
 
 
 def _costs_at_lengths(
