@@ -151,6 +151,33 @@ def model_free_target(x):
     return Target(None, signature, flatten(x)[1], [np.dtype("float32")]), sample
 
 
+def weight_copying(name: str, seconds, closed: list | None = None):
+    """A tf-function named `name` that says it copies the weights (a stand-in for a runtime
+    holding its own copy: where memory is tight, the tournament keeps one of them), sleeps
+    `seconds(inputs)` a call, and appends its name to `closed` when closed."""
+    import time
+
+    from infertune.backends.tf_function import TfFunction
+
+    class WeightCopying(TfFunction):
+        memory_factor = 1.0
+
+        def __init__(self):
+            super().__init__()
+            self.name = name
+
+        def run(self, inputs):
+            time.sleep(seconds(inputs))
+            return super().run(inputs)
+
+        def close(self):
+            if closed is not None:
+                closed.append(self.name)
+            super().close()
+
+    return WeightCopying()
+
+
 def prepared_backend(backend, model, sample):
     """`backend` prepared on the Target that optimize() builds, outside the pipeline; with
     the input signature."""

@@ -21,6 +21,7 @@ from helpers import (
     on_tmpfs,
     residency_tiers,
     target_for,
+    weight_copying,
 )
 
 import infertune
@@ -201,43 +202,15 @@ def test_a_candidate_memory_cannot_hold_is_skipped_with_the_estimate(monkeypatch
     assert "memory: peak" in str(opt.report)
 
 
-class _Slow:
-    """Makes a tf-function that sleeps `sleep_s` a call and says it copies the weights (a
-    stand-in for a runtime that holds its own copy), recording what is closed."""
-
-    closed: list[str] = []
-
-    @classmethod
-    def make(cls, name: str, sleep_s: float):
-        import time
-
-        from infertune.backends.tf_function import TfFunction
-
-        class Slow(TfFunction):
-            memory_factor = 1.0
-
-            def __init__(self):
-                super().__init__()
-                self.name = name
-
-            def run(self, inputs):
-                time.sleep(sleep_s)
-                return super().run(inputs)
-
-            def close(self):
-                cls.closed.append(self.name)
-                super().close()
-
-        return Slow()
-
-
 @pytest.mark.slow
 def test_a_large_model_keeps_the_fastest_copy_for_the_measurement(monkeypatch, rng):
     # Every model counts as large: holding all five would pass 1 byte.
     monkeypatch.setenv("INFERTUNE_HOLD_ALL_BYTES", "1")
-    _Slow.closed.clear()
+    closed_backends: list[str] = []
     sleeps = {"slow-a": 0.02, "slow-b": 0.021, "slow-c": 0.022, "slow-d": 0.023, "slow-e": 0.1}
-    backends = [_Slow.make(name, s) for name, s in sleeps.items()]
+    backends = [
+        weight_copying(name, lambda _, s=s: s, closed_backends) for name, s in sleeps.items()
+    ]
     opt = infertune.optimize(dense_model(64, 3), rng.standard_normal((4, 64)), backends=backends)
     slow = [c for c in opt.report.candidates if c.name in sleeps]
     measured = [c.name for c in slow if c.latency is not None]
@@ -249,7 +222,7 @@ def test_a_large_model_keeps_the_fastest_copy_for_the_measurement(monkeypatch, r
         reason = candidate.reason
         assert "only the fastest is kept" in reason or "more than 1.5x" in reason
     assert "more than 1.5x" in {c.name: c for c in slow}["slow-e"].reason
-    assert {c.name for c in closed} <= set(_Slow.closed)
+    assert {c.name for c in closed} <= set(closed_backends)
     # The choice is the fastest measured: the model's own call (about 1 ms) here.
     assert opt.backend not in {c.name for c in closed}
     fastest = min((c for c in opt.report.candidates if c.latency), key=lambda c: c.latency.p50)

@@ -8,7 +8,7 @@ import threading
 
 import numpy as np
 import pytest
-from helpers import needs_onnxruntime
+from helpers import needs_onnxruntime, weight_copying
 from traffic_models import lossy_encoder, masked_encoder, request, traffic
 
 import infertune
@@ -345,27 +345,6 @@ def test_litert_buckets_keep_interpreters_of_their_own_shapes(encoder):
     assert shapes == [[(1, 8), (1, 8)], [(1, 20), (1, 20)]]
 
 
-def _copying(name: str, base_s: float, per_position_s: float):
-    """A tf-function that says it copies the weights (a stand-in for a runtime holding its
-    own copy) and sleeps base_s + per_position_s x the request's length a call."""
-    import time
-
-    from infertune.backends.tf_function import TfFunction
-
-    class Copying(TfFunction):
-        memory_factor = 1.0
-
-        def __init__(self):
-            super().__init__()
-            self.name = name
-
-        def run(self, inputs):
-            time.sleep(base_s + per_position_s * inputs[0].shape[-1])
-            return super().run(inputs)
-
-    return Copying()
-
-
 @pytest.mark.slow
 def test_where_memory_is_tight_the_copy_kept_is_the_fastest_over_the_traffic(monkeypatch, encoder):
     # Every model counts as large (holding both copies would pass 1 byte): one copy is kept
@@ -376,7 +355,10 @@ def test_where_memory_is_tight_the_copy_kept_is_the_fastest_over_the_traffic(mon
     requests = [request(int(n), seed=i) for i, n in enumerate(rng.integers(40, 64, 24))]
 
     def tuned(**traffic_given):
-        backends = [_copying("short", 0.002, 0.0004), _copying("flat", 0.012, 0.0)]
+        backends = [
+            weight_copying("short", lambda x: 0.002 + 0.0004 * x[0].shape[-1]),
+            weight_copying("flat", lambda _: 0.012),
+        ]
         opt = infertune.optimize(
             encoder, request(8), backends=backends, verbose=False, **traffic_given
         )
