@@ -113,6 +113,12 @@ class Backend(ABC):
     # interpreters pack the weights again; a CUDA-graph session holds them on the GPU): what
     # each bucket padded for it costs (pipeline/traffic_plan.py bounds the buckets by it).
     bucket_memory_factor: ClassVar[float] = 0.0
+    # Whether run() takes only the lengths prepare() built for (a TensorRT engine's
+    # optimization profile: the sample's, any batch size up to its bound) and each
+    # shaped_runner() builds for the shapes of its first call: optimize(traffic=...) then
+    # measures the traffic's lengths through shaped runners and serves them in padded
+    # buckets only, never at each request's own length.
+    builds_per_shape: ClassVar[bool] = False
     # Where the candidate differs from another of its class only in a session option that
     # seldom decides the choice (ONNX Runtime's spinning, optimization level, execution mode):
     # that option, in words. Such a variant is not tried where memory is tight

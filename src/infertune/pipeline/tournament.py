@@ -155,9 +155,11 @@ def keep(state: Candidate, run: Preparation) -> None:
 
 def _requests(run: Preparation) -> list:
     """What the candidates are timed on: with traffic=, requests spread over its lengths,
-    where every candidate held runs any shape; else the sample."""
+    where every candidate held runs any shape with its run(); else the sample."""
     spread = run.tournament_requests
-    if spread and all(s.backend.exact_shapes is None for s in run.alive):
+    if spread and all(
+        s.backend.exact_shapes is None and not s.backend.builds_per_shape for s in run.alive
+    ):
         return spread
     return [run.checks[0].inputs]
 

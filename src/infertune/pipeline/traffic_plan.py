@@ -8,7 +8,8 @@ verified against, kept in a package too. In the contest (`plan_buckets`), after 
 the sample's shape:
 
 1. each of the fastest candidates that run any shape is timed at each length (interleaved,
-   the machine to itself), and, where it may run requests at their own lengths, on a stream
+   the machine to itself; one that builds per shape, a TensorRT engine, through an engine
+   built for that length), and, where it may run requests at their own lengths, on a stream
    of the traffic's lengths (what switching between shapes costs it: an interpreter resized,
    a compile);
 2. the buckets and a candidate per bucket that minimize the expected latency over the
@@ -177,7 +178,7 @@ def plan_buckets(
     names = _measured_names(results, contenders, chosen)
     with progress.timed("lengths", text="timing the candidates at the traffic's lengths"):
         costs = _costs_at_lengths(frame, signature, names, contenders, progress, exclusive)
-    exact_ok = [n for n in names if n in costs and not n.startswith(COMPILES_PER_SHAPE)]
+    exact_ok = [n for n in names if n in costs and _runs_each_length(n, contenders[n])]
     with progress.timed("switching", text="timing each candidate on a stream of lengths"):
         switch = _switching_costs(frame, signature, exact_ok, contenders, costs, exclusive)
     planning = _planning_lengths(frame)
@@ -249,6 +250,12 @@ def plan_buckets(
     return TrafficPlan(tried[best], summary)
 
 
+def _runs_each_length(name: str, backend: Backend) -> bool:
+    """Whether a candidate may run requests at their own lengths: not one that compiles
+    (XLA) or builds an engine (TensorRT) for each new shape."""
+    return not name.startswith(COMPILES_PER_SHAPE) and not backend.builds_per_shape
+
+
 def _fastest(held: dict | None, tried: dict[str, Buckets]) -> str | None:
     """The bucket plan clearly faster than every request at its own length on the held-out
     traffic (round by round), the fastest of those; None where none is."""
@@ -288,18 +295,25 @@ def _bucket_rows(
 def _measured_names(
     results: list[CandidateResult], contenders: dict[str, Backend], chosen: str
 ) -> list[str]:
-    """The MEASURED fastest candidates that run any shape (by p50 at the sample's), the
-    choice among them; not the model's own call (the reference), unless it is the choice."""
+    """The MEASURED fastest candidates that run any shape, or build for each (by p50 at the
+    sample's), the choice among them; not the model's own call (the reference), unless it
+    is the choice."""
     ranked = sorted(
         (r for r in results if r.name in contenders and r.latency is not None
-         and contenders[r.name].exact_shapes is None
+         and _any_length(contenders[r.name])
          and (r.name not in REFERENCE_NAMES or r.name == chosen)),
         key=lambda r: r.latency.p50,
     )  # fmt: skip
     names = [r.name for r in ranked[:MEASURED]]
-    if chosen in contenders and chosen not in names and contenders[chosen].exact_shapes is None:
+    if chosen in contenders and chosen not in names and _any_length(contenders[chosen]):
         names[-1:] = [chosen]
     return names
+
+
+def _any_length(backend: Backend) -> bool:
+    """Whether a candidate can be timed at the traffic's lengths: it runs any shape, or it
+    builds for each (a TensorRT engine: exact shapes at the sample's, shaped runners)."""
+    return backend.exact_shapes is None or backend.builds_per_shape
 
 
 def _request(frame: TrafficFrame, signature: InputSignature, n: int) -> list[np.ndarray]:
@@ -338,28 +352,41 @@ def _costs_at_lengths(
     exclusive: Exclusive | None,
 ) -> dict[str, np.ndarray]:
     """p50 ms of each candidate at each length (nan where it failed there), all of them
-    timed together at each length, the machine to themselves."""
+    timed together at each length, the machine to themselves. A candidate that builds per
+    shape (Backend.builds_per_shape: a TensorRT engine) is timed through a shaped runner of
+    that length, as a bucket padded to it would run, released after the length."""
     costs = {name: np.full(len(frame.lengths), np.nan) for name in names}
     for j, n in enumerate(frame.lengths):
         x = _request(frame, signature, n)
-        runners = {}
+        runners, shaped = {}, []
         for name in names:
-            run = contenders[name].run
+            backend = contenders[name]
+            run = backend.shaped_runner() if backend.builds_per_shape else backend.run
+            if run is not backend.run:
+                shaped.append(run)
             try:
-                run(x)  # a new shape's first call: a compile, an allocation
+                run(x)  # a new shape's first call: a compile, an allocation, an engine built
             except Exception:
                 continue
             runners[name] = lambda run=run, x=x: run(x)
         progress.stage(f"timing {len(runners)} candidates at length {n}", log=False)
         guard = exclusive.timing() if exclusive is not None else _nothing()
-        with guard:
-            measured = measure_interleaved(
-                runners, budget_s=LENGTH_BUDGET_S, min_rounds=3,
-                cooldown_s={name: contenders[name].cooldown_s for name in runners},
-            )  # fmt: skip
+        try:
+            with guard:
+                measured = measure_interleaved(
+                    runners, budget_s=LENGTH_BUDGET_S, min_rounds=3,
+                    cooldown_s={name: contenders[name].cooldown_s for name in runners},
+                )  # fmt: skip
+        finally:
+            for run in shaped:
+                getattr(run, "close", _no_close)()
         for name, stats in measured.stats.items():
             costs[name][j] = stats.p50
     return {name: c for name, c in costs.items() if not np.isnan(c).all()}
+
+
+def _no_close() -> None:
+    """What a shaped runner without state of its own needs to release: nothing."""
 
 
 def _switching_costs(

@@ -67,8 +67,10 @@ from ...system.gpu_libraries import (
 from ...system.settings import engine_cache_dir
 from ..base import Target
 from ..tensorrt.profiles import (
+    Profile,
     default_batch_sizes,
     engine_cache_key,
+    exact_shapes_of,
     profile_shapes,
 )
 from .cpu import (
@@ -182,11 +184,16 @@ class OnnxRuntimeCuda(OnnxRuntimeCpu):
         binding = getattr(self._local, "binding", None)
         if binding is None:  # one binding per thread: concurrent calls must not share one
             binding = self._local.binding = self._new_binding()
+        return self.bound_run(self._session, binding, inputs)
+
+    def bound_run(self, session, binding, inputs: list[np.ndarray]) -> list[np.ndarray]:
+        """One call of `session` through `binding` (this thread's): inputs copied to the
+        device, outputs allocated there by ONNX Runtime and copied back to the host."""
         for name, x in zip(self._input_names, inputs):
             binding.bind_cpu_input(name, np.ascontiguousarray(x))  # copied to the device
         for name in self._output_names:
             binding.bind_output(name, self.device, DEVICE_ID)  # allocated there by ONNX Runtime
-        self._session.run_with_iobinding(binding)
+        session.run_with_iobinding(binding)
         return binding.copy_outputs_to_cpu()  # device -> host: the synchronization point
 
     def shaped_runner(self) -> Callable[[list[np.ndarray]], list[np.ndarray]]:
@@ -346,7 +353,8 @@ class OnnxRuntimeTensorrt(OnnxRuntimeCuda):
     1, opt the sample's, max from `default_batch_sizes`) and kept in a cache directory per
     model, precision, profile, TensorRT version and GPU (`engine_cache_key`), with TensorRT's
     timing cache beside them: a second optimize() of the same model loads the engine instead
-    of building it.
+    of building it. With optimize(traffic=...), each padded bucket has a session of its own
+    whose profile fixes the other dimensions at the bucket's bound (`shaped_runner`).
     """
 
     name = "onnxruntime-tensorrt"
@@ -357,8 +365,12 @@ class OnnxRuntimeTensorrt(OnnxRuntimeCuda):
     rehearse_in_child = True  # the child builds the engine into the cache; this process loads it
     fp16 = False
 
+    builds_per_shape = True
+
     def __init__(self, settings: OrtSettings | None = None):
         super().__init__(settings, cuda_graph=False)
+        self.bucket_memory_factor = 1.0  # a bucket's session holds the weights on the GPU
+        self._bucket_sessions: list[_SessionAtShapes] = []
 
     def preload_libraries(self) -> tuple[str, ...]:
         """The CUDA libraries, then the TensorRT ones the provider links, from TensorRT's wheel."""
@@ -368,9 +380,15 @@ class OnnxRuntimeTensorrt(OnnxRuntimeCuda):
 
     def provider_options(self, target: Target, model_bytes: bytes) -> list:
         _, exported = self._saved
-        profile = profile_shapes(
+        self._profile = profile_shapes(
             target.signature, default_batch_sizes(target.signature), exported.input_names
         )
+        self.exact_shapes, self.exact_reason = exact_shapes_of(target.signature)
+        self._model_bytes = model_bytes
+        return self.profile_providers(self._profile, model_bytes)
+
+    def profile_providers(self, profile: Profile, model_bytes: bytes) -> list:
+        """The providers of a session whose TensorRT engines are built for `profile`."""
         gpu = gpu_facts().gpu_name or "unknown GPU"
         key = engine_cache_key(model_bytes, self.precision, profile, _runtime_versions(), gpu)
         cache = engine_cache_dir() / "onnxruntime" / key
@@ -386,6 +404,19 @@ class OnnxRuntimeTensorrt(OnnxRuntimeCuda):
         self.engine_cache = cache
         return [(TENSORRT_EP, options), (CUDA_EP, {})]
 
+    def shaped_runner(self) -> Callable[[list[np.ndarray]], list[np.ndarray]]:
+        """A bucket's session of its own, its TensorRT profile fixed at the bucket's shapes
+        apart from the batch (Profile.at_shapes), made at its first call: the session's
+        profile fixes every dimension but the batch at the sample's."""
+        runner = _SessionAtShapes(self)
+        self._bucket_sessions.append(runner)
+        return runner
+
+    def close(self) -> None:
+        for runner in list(self._bucket_sessions):
+            runner.close()
+        super().close()
+
     def save_artifact(self, directory: Path) -> dict:
         settings = super().save_artifact(directory)
         settings.pop("cuda_graph")
@@ -394,6 +425,46 @@ class OnnxRuntimeTensorrt(OnnxRuntimeCuda):
     @classmethod
     def _from_settings(cls, settings: dict) -> OnnxRuntimeCuda:
         return cls(OrtSettings(**settings["session"]))
+
+
+class _SessionAtShapes:
+    """A bucket's TensorRT session: at the first call, a session whose profile is the
+    backend's fixed at that call's shapes apart from the batch (Profile.at_shapes), its
+    engine built or read from the engine cache; every later call of the bucket (its bound,
+    any batch in the profile) runs it through IO binding, a binding per thread."""
+
+    def __init__(self, backend: OnnxRuntimeTensorrt):
+        self._backend = backend
+        self._session = None
+        self._local = threading.local()
+        self._lock = threading.Lock()
+
+    def __call__(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
+        session = self._session
+        if session is None:
+            session = self._open([x.shape for x in inputs])
+        binding = getattr(self._local, "binding", None)
+        if binding is None:
+            binding = self._local.binding = session.io_binding()
+        return self._backend.bound_run(session, binding, inputs)
+
+    def _open(self, shapes):
+        backend = self._backend
+        with self._lock:
+            if self._session is None:
+                if backend._session is None:
+                    raise ClosedError(f"the {backend.name} backend was closed")
+                self.profile = backend._profile.at_shapes(shapes)
+                providers = backend.profile_providers(self.profile, backend._model_bytes)
+                self._session = backend._new_session(backend._model_bytes, providers)
+            return self._session
+
+    def close(self) -> None:
+        """Release the bucket's session (a plan that lost its timing gives it back)."""
+        with self._lock:
+            self._session, self._local = None, threading.local()
+        if self in self._backend._bucket_sessions:
+            self._backend._bucket_sessions.remove(self)
 
 
 class OnnxRuntimeTensorrtFp16(OnnxRuntimeTensorrt):

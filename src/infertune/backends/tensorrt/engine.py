@@ -1,10 +1,14 @@
 """TensorRT engines built from the shared ONNX export with the tensorrt package's ONNX parser.
 
 One optimization profile covers the batch sizes in use (profiles.profile_shapes: min batch 1,
-opt the sample's, max the larger of the sample's and profiles.PROFILE_MAX_BATCH). The
+opt the sample's, max the larger of the sample's and profiles.PROFILE_MAX_BATCH); every other
+dimension is the sample's. With optimize(traffic=...), each padded bucket gets an engine of
+its own whose profile fixes those dimensions at the bucket's bound (Profile.at_shapes,
+`EngineAtShapes`), and the traffic's lengths are measured through such engines. Each
 serialized engine is kept on disk under settings.engine_cache_dir(), named by
 profiles.engine_cache_key (model, precision, profile, TensorRT version, GPU), and reused by
-the next optimize() or load() of the same model on the same GPU.
+the next optimize() or load() of the same model on the same GPU: a bucket's engine, built
+while its length was measured, is read back from there.
 
 TensorRT 10 and 11 build differently (`build_settings`, a plain function of the major
 version and precision): TensorRT 11 has only strongly typed networks (no BuilderFlag.FP16,
@@ -34,6 +38,7 @@ from __future__ import annotations
 import importlib
 import os
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -64,11 +69,14 @@ from .profiles import (
     Profile,
     default_batch_sizes,
     engine_cache_key,
+    exact_shapes_of,
     profile_shapes,
 )
 
 __all__ = [
     "BuildSettings",
+    "EngineAtShapes",
+    "EngineCall",
     "TensorRtEngine",
     "TensorRtEngineFp16",
     "build_settings",
@@ -135,7 +143,8 @@ def host_shape(name: str, shape) -> tuple[int, ...]:
 
 
 class TensorRtEngine(Backend):
-    """A TensorRT engine for the ONNX export, one execution context, one CUDA stream."""
+    """A TensorRT engine for the ONNX export, one execution context, one CUDA stream; and for
+    optimize(traffic=...), an engine per bucket (`shaped_runner`)."""
 
     name = "tensorrt"
     conversions = ("onnx",)
@@ -143,10 +152,12 @@ class TensorRtEngine(Backend):
     requires = "tensorrt"
     runtime_packages = ("tensorrt", "cuda-python")
     rehearse_in_child = True  # the child builds the engine into the cache; this process loads it
+    builds_per_shape = True
+    bucket_memory_factor = 1.0  # a bucket's engine holds the weights on the GPU again
 
     def __init__(self):
-        self._buffers: dict[str, tuple[int, int]] = {}  # name -> (device pointer, bytes)
-        self._stream = None
+        self._main: EngineCall | None = None
+        self._bucket_engines: list[EngineAtShapes] = []
 
     def available(self) -> str | None:
         return reason_unavailable("tensorrt", gpu_facts())
@@ -165,52 +176,115 @@ class TensorRtEngine(Backend):
         self.convert(target)
         exported = self._exported
         self.build = build_settings(tensorrt_major(trt.__version__), self.precision)
-        model_bytes = exported.model_bytes
+        self._model_bytes = exported.model_bytes
         if self.build.graph == "fp16":
-            model_bytes = shared(target, "onnx-fp16").model_bytes
+            self._model_bytes = shared(target, "onnx-fp16").model_bytes
         self._profile = profile_shapes(
             target.signature, default_batch_sizes(target.signature), exported.input_names
         )
-        gpu = gpu_facts().gpu_name or "unknown GPU"
-        key = engine_cache_key(model_bytes, self.precision, self._profile, trt.__version__, gpu)
-        self.engine_path = engine_cache_dir() / f"{key}.engine"
+        self.exact_shapes, self.exact_reason = exact_shapes_of(target.signature)
+        self._trt = trt
         self._logger = trt.Logger(trt.Logger.ERROR)
-        self._runtime = trt.Runtime(self._logger)  # must outlive the engine
-        self._engine, self.engine_from_cache = self._load_or_build(trt, model_bytes)
-        self._context = self._engine.create_execution_context()
-        if self._context is None:
-            raise RuntimeError("TensorRT could not create an execution context (GPU memory?)")
-        self._inputs = [
-            (name, np.dtype(trt.nptype(self._engine.get_tensor_dtype(name))))
-            for name in exported.input_names
-        ]
-        self._outputs = [
-            (name, np.dtype(trt.nptype(self._engine.get_tensor_dtype(name))))
-            for name in exported.output_names
-        ]
-        self._shapes: dict[str, tuple[int, ...]] = {}
-        self._lock = threading.Lock()  # one context and one set of buffers: one call at a time
-        self._set_input_shapes(target.signature.sample_shapes)
-        for name, _ in self._outputs:  # a data-dependent output fails here, not at the call
-            host_shape(name, self._context.get_tensor_shape(name))
+        self._runtime = trt.Runtime(self._logger)  # must outlive the engines
         self._cudart = _cudart()
-        self._stream = _checked(self._cudart, self._cudart.cudaStreamCreate())
+        self._main = self.engine_call(self._profile)
+        self.engine_path, self.engine_from_cache = self._main.path, self._main.from_cache
+        self._main.check_outputs(target.signature.sample_shapes)
 
-    def _load_or_build(self, trt, model_bytes: bytes):
-        """The cached engine if it deserializes, else a new one, written to the cache."""
-        if self.engine_path.exists():
-            engine = self._runtime.deserialize_cuda_engine(self.engine_path.read_bytes())
+    def engine_call(self, profile: Profile) -> EngineCall:
+        """The engine for `profile`, from the engine cache or built (and cached), ready to
+        call."""
+        trt = self._trt
+        gpu = gpu_facts().gpu_name or "unknown GPU"
+        key = engine_cache_key(self._model_bytes, self.precision, profile, trt.__version__, gpu)
+        path = engine_cache_dir() / f"{key}.engine"
+        engine, from_cache = self._load_or_build(path, profile)
+        return EngineCall(trt, engine, profile, self._exported, self._cudart, path, from_cache)
+
+    def _load_or_build(self, path: Path, profile: Profile):
+        """The cached engine at `path` if it deserializes, else a new one, written there."""
+        if path.exists():
+            engine = self._runtime.deserialize_cuda_engine(path.read_bytes())
             if engine is not None:  # None: built by another TensorRT, or damaged: build anew
                 return engine, True
-        data = _build_engine(trt, self._logger, model_bytes, self._profile, self.build)
-        self.engine_path.parent.mkdir(parents=True, exist_ok=True)
-        partial_path = self.engine_path.with_name(f"{self.engine_path.name}.{os.getpid()}.tmp")
+        data = _build_engine(self._trt, self._logger, self._model_bytes, profile, self.build)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial_path = path.with_name(f"{path.name}.{os.getpid()}.tmp")
         partial_path.write_bytes(data)
-        os.replace(partial_path, self.engine_path)  # atomic: a reader never sees half an engine
+        os.replace(partial_path, path)  # atomic: a reader never sees half an engine
         engine = self._runtime.deserialize_cuda_engine(data)
         if engine is None:
             raise RuntimeError("TensorRT could not load the engine it just built")
         return engine, False
+
+    def run(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
+        main = self._main
+        if main is None:  # close() released it
+            raise ClosedError(f"the {self.name} backend was closed: its engine is released")
+        return main.run(inputs)
+
+    def shaped_runner(self) -> Callable[[list[np.ndarray]], list[np.ndarray]]:
+        """A bucket's engine of its own, its profile fixed at the bucket's shapes apart from
+        the batch (Profile.at_shapes), built or read from the engine cache at its first call:
+        the engine's profile fixes every dimension but the batch at the sample's, so the
+        bucket's length needs an engine of its own."""
+        runner = EngineAtShapes(self)
+        self._bucket_engines.append(runner)
+        return runner
+
+    def close(self) -> None:
+        """Free every engine's device buffers and stream, each under its call lock: a call
+        in flight ends first, and a call after this is refused."""
+        for runner in list(self._bucket_engines):
+            runner.close()
+        main, self._main = self._main, None
+        if main is not None:
+            main.close()
+        self._runtime = None
+
+    def save_artifact(self, directory: Path) -> dict:
+        """model.onnx: the engine itself is specific to the GPU and TensorRT version, so it is
+        rebuilt (or found in the engine cache) where the result is loaded."""
+        exported = self._exported
+        return {**write_onnx(directory, exported.model_bytes, exported), "engine": "rebuilt"}
+
+    @classmethod
+    def load_artifact(cls, directory: Path, settings: dict, target: Target) -> Backend:
+        target.preload("onnx", read_onnx(directory, settings))
+        backend = cls()
+        backend.prepare(target)
+        return backend
+
+
+class EngineCall:
+    """One engine, one execution context, one CUDA stream and device buffers that grow to the
+    largest call seen: calls within its profile, one at a time (a lock)."""
+
+    def __init__(self, trt, engine, profile: Profile, exported, cudart, path: Path, from_cache):
+        context = engine.create_execution_context()
+        if context is None:
+            raise RuntimeError("TensorRT could not create an execution context (GPU memory?)")
+        self.path, self.from_cache, self.profile = path, from_cache, profile
+        self._engine, self._context, self._cudart = engine, context, cudart
+        self._inputs = [
+            (name, np.dtype(trt.nptype(engine.get_tensor_dtype(name))))
+            for name in exported.input_names
+        ]
+        self._outputs = [
+            (name, np.dtype(trt.nptype(engine.get_tensor_dtype(name))))
+            for name in exported.output_names
+        ]
+        self._buffers: dict[str, tuple[int, int]] = {}  # name -> (device pointer, bytes)
+        self._shapes: dict[str, tuple[int, ...]] = {}
+        self._lock = threading.Lock()
+        self._stream = _checked(cudart, cudart.cudaStreamCreate())
+
+    def check_outputs(self, shapes) -> None:
+        """Set the input shapes: a data-dependent output fails here, not at a call."""
+        with self._lock:
+            self._set_input_shapes(shapes)
+            for name, _ in self._outputs:
+                host_shape(name, self._context.get_tensor_shape(name))
 
     def _device(self, name: str, nbytes: int) -> int:
         """The device buffer of tensor `name`, grown to `nbytes` (and rebound) where needed."""
@@ -230,8 +304,8 @@ class TensorRtEngine(Backend):
         for (name, _), shape in zip(self._inputs, shapes):
             shape = tuple(int(d) for d in shape)
             if self._shapes.get(name) != shape:
-                if not self._profile.covers(name, shape):
-                    raise ValueError(_outside(self._profile, name, shape))
+                if not self.profile.covers(name, shape):
+                    raise ValueError(_outside(self.profile, name, shape))
                 if not self._context.set_input_shape(name, shape):
                     raise RuntimeError(f"TensorRT refused shape {shape} for {name}")
                 self._shapes[name] = shape
@@ -242,7 +316,7 @@ class TensorRtEngine(Backend):
         to_host = cudart.cudaMemcpyKind.cudaMemcpyDeviceToHost
         with self._lock:
             if self._context is None:  # close() freed the buffers: nothing here may touch them
-                raise ClosedError(f"the {self.name} backend was closed: its engine is released")
+                raise ClosedError("the TensorRT engine was closed: it is released")
             hosts = [np.ascontiguousarray(x, dtype=d) for (_, d), x in zip(self._inputs, inputs)]
             self._set_input_shapes([x.shape for x in hosts])  # hosts stay alive until the sync
             for (name, _), x in zip(self._inputs, hosts):
@@ -266,31 +340,50 @@ class TensorRtEngine(Backend):
             return [host for _, host in outputs]
 
     def close(self) -> None:
-        """Free the device buffers, the stream and the engine, under the call lock: a call in
-        flight ends first, and a call after this is refused (run() checks `_context`)."""
-        # No lock where prepare() failed before making one: then no call runs either.
-        with getattr(self, "_lock", None) or threading.Lock():
-            cudart = getattr(self, "_cudart", None)
-            if cudart is not None:
-                for pointer, _ in self._buffers.values():
-                    cudart.cudaFree(pointer)
-                if self._stream is not None:
-                    cudart.cudaStreamDestroy(self._stream)
+        """Free the device buffers, the stream and the context under the call lock."""
+        with self._lock:
+            cudart = self._cudart
+            for pointer, _ in self._buffers.values():
+                cudart.cudaFree(pointer)
+            if self._stream is not None:
+                cudart.cudaStreamDestroy(self._stream)
             self._buffers, self._stream = {}, None
-            self._context = self._engine = self._runtime = None
+            self._context = self._engine = None
 
-    def save_artifact(self, directory: Path) -> dict:
-        """model.onnx: the engine itself is specific to the GPU and TensorRT version, so it is
-        rebuilt (or found in the engine cache) where the result is loaded."""
-        exported = self._exported
-        return {**write_onnx(directory, exported.model_bytes, exported), "engine": "rebuilt"}
 
-    @classmethod
-    def load_artifact(cls, directory: Path, settings: dict, target: Target) -> Backend:
-        target.preload("onnx", read_onnx(directory, settings))
-        backend = cls()
-        backend.prepare(target)
-        return backend
+class EngineAtShapes:
+    """A bucket's engine: at the first call, the backend's profile fixed at that call's
+    shapes apart from the batch (Profile.at_shapes), built or read from the engine cache;
+    every later call of the bucket (its bound, any batch in the profile) runs it."""
+
+    def __init__(self, backend: TensorRtEngine):
+        self._backend = backend
+        self._call: EngineCall | None = None
+        self._lock = threading.Lock()
+
+    def __call__(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
+        call = self._call
+        if call is None:
+            call = self._open([x.shape for x in inputs])
+        return call.run(inputs)
+
+    def _open(self, shapes) -> EngineCall:
+        backend = self._backend
+        with self._lock:
+            if self._call is None:
+                if backend._main is None:
+                    raise ClosedError(f"the {backend.name} backend was closed")
+                self._call = backend.engine_call(backend._profile.at_shapes(shapes))
+            return self._call
+
+    def close(self) -> None:
+        """Release the bucket's engine (a plan that lost its timing gives it back)."""
+        with self._lock:
+            call, self._call = self._call, None
+        if call is not None:
+            call.close()
+        if self in self._backend._bucket_engines:
+            self._backend._bucket_engines.remove(self)
 
 
 class TensorRtEngineFp16(TensorRtEngine):

@@ -20,6 +20,7 @@ __all__ = [
     "Profile",
     "default_batch_sizes",
     "engine_cache_key",
+    "exact_shapes_of",
     "profile_shapes",
 ]
 
@@ -39,6 +40,30 @@ class Profile:
                     lo <= s <= hi for lo, s, hi in zip(low, shape, high)
                 )
         return False
+
+    def covers_all(self, shapes: Sequence[Sequence[int]]) -> bool:
+        """Whether every input's shape (in input order) is within the profile."""
+        return all(self.covers(entry[0], shape) for entry, shape in zip(self.shapes, shapes))
+
+    def at_shapes(self, shapes: Sequence[Sequence[int]]) -> Profile:
+        """This profile's batch range with every other dimension fixed at `shapes`' (one per
+        input, in input order): a bucket's engine, built for the length its requests are
+        padded to (optimize(traffic=...)), which TensorRT tunes its kernels for as it does
+        for the sample's. The batch's opt stays this profile's, so that the same bucket
+        names the same engine whatever batch its first call has (engine_cache_key)."""
+        if len(shapes) != len(self.shapes):
+            raise ValueError(f"{len(shapes)} shapes for a profile of {len(self.shapes)} inputs")
+        fixed = []
+        for (name, low, opt, high), shape in zip(self.shapes, shapes):
+            shape = tuple(int(d) for d in shape)
+            if len(shape) != len(opt):
+                raise ValueError(f"input {name} has rank {len(opt)}; received shape {shape}")
+            if shape and low[0] != high[0]:  # a free batch: its range kept
+                rest = shape[1:]
+                fixed.append((name, (low[0], *rest), (opt[0], *rest), (high[0], *rest)))
+            else:
+                fixed.append((name, shape, shape, shape))
+        return Profile(tuple(fixed))
 
     def ort_options(self) -> dict[str, str]:
         """The TensorRT EP options trt_profile_{min,opt,max}_shapes ("in_0:1x3x224x224,...")."""
@@ -94,6 +119,19 @@ def profile_shapes(
             low = high = opt
         shapes.append((name, low, opt, high))
     return Profile(tuple(shapes))
+
+
+def exact_shapes_of(signature: InputSignature) -> tuple[list[tuple[int, ...]] | None, str]:
+    """What Backend.exact_shapes and exact_reason are for an engine of `profile_shapes`: the
+    sample's shapes where the model has a free dimension besides the batch (which the profile
+    fixes at the sample's: the engine runs no other length, and the callable sends other
+    shapes to the general choice), else None (any batch size up to the profile's bound)."""
+    if signature.other_sizes(1) is None:
+        return None, ""
+    return signature.concrete_shapes(), (
+        "its optimization profile fixes the free dimensions besides the batch at the "
+        "sample's sizes; optimize(traffic=...) builds an engine for each bucket's length"
+    )
 
 
 def engine_cache_key(

@@ -1,0 +1,205 @@
+"""The TensorRT candidates under optimize(traffic=...): an engine (or a session) per padded
+bucket, its optimization profile fixed at the bucket's length, and the traffic's lengths
+measured through such engines.
+
+FAKES, because no GPU can exist here: the engine builds themselves. `EngineOnCpu` is
+TensorRtEngine with `engine_call(profile)` answered by ONNX Runtime on the CPU, refusing any
+input shape outside the profile as a TensorRT engine does; `TensorrtSessionOnCpu` is
+OnnxRuntimeTensorrt whose sessions run on the CPU provider, the TensorRT profile each was
+given recorded. Everything else is the backends' own: the bucket's runner, its profile
+(Profile.at_shapes), closing, and the traffic plan's measurement, verification and dispatch.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from helpers import prepared_backend, weight_copying
+from traffic_models import masked_encoder, request, traffic
+
+import infertune
+from infertune.backends.onnxruntime.cuda import OnnxRuntimeTensorrt
+from infertune.backends.tensorrt.engine import TensorRtEngine
+from infertune.backends.tensorrt.profiles import (
+    PROFILE_MAX_BATCH,
+    Profile,
+    default_batch_sizes,
+    exact_shapes_of,
+    profile_shapes,
+)
+from infertune.errors import ClosedError
+
+
+class _ProfiledSession:
+    """An ONNX Runtime CPU session standing for a TensorRT engine built for `profile`."""
+
+    def __init__(self, session: ort.InferenceSession, profile: Profile, input_names):
+        self.session, self.profile, self.names = session, profile, list(input_names)
+        self.closed = False
+
+    def run(self, inputs):
+        if self.closed:
+            raise ClosedError("the TensorRT engine was closed: it is released")
+        for name, x in zip(self.names, inputs):
+            if not self.profile.covers(name, x.shape):
+                raise ValueError(f"input {name} of shape {x.shape} is outside the profile")
+        return self.session.run(None, dict(zip(self.names, inputs)))
+
+    def close(self):
+        self.closed = True
+
+
+class EngineOnCpu(TensorRtEngine):
+    """FAKE device (see the module's doc): the engines are ONNX Runtime CPU sessions, one per
+    profile as the engine cache keeps one per profile on disk; `opened` lists the profile of
+    every engine_call (the main engine first)."""
+
+    name = "engine-on-cpu"
+    rehearse_in_child = False  # built in this process: the child knows only registered names
+
+    def __init__(self):
+        super().__init__()
+        self.cache: dict[Profile, ort.InferenceSession] = {}
+        self.opened: list[Profile] = []
+
+    def available(self):
+        return None
+
+    def prepare(self, target):
+        # TensorRtEngine.prepare without tensorrt and cuda-python: the export, the profile,
+        # the main engine.
+        self.convert(target)
+        self._model_bytes = self._exported.model_bytes
+        self._profile = profile_shapes(
+            target.signature, default_batch_sizes(target.signature), self._exported.input_names
+        )
+        self.exact_shapes, self.exact_reason = exact_shapes_of(target.signature)
+        self._main = self.engine_call(self._profile)
+
+    def engine_call(self, profile):
+        self.opened.append(profile)
+        if profile not in self.cache:
+            self.cache[profile] = ort.InferenceSession(
+                self._model_bytes, providers=["CPUExecutionProvider"]
+            )
+        return _ProfiledSession(self.cache[profile], profile, self._exported.input_names)
+
+
+class TensorrtSessionOnCpu(OnnxRuntimeTensorrt):
+    """FAKE device (see the module's doc): the TensorRT provider's sessions on the CPU
+    provider and device, the profile each session was made for in `profiles`."""
+
+    name = "tensorrt-session-on-cpu"
+    provider = "CPUExecutionProvider"
+    device = "cpu"
+    rehearse_in_child = False
+
+    def __init__(self):
+        super().__init__()
+        self.profiles: list[Profile] = []
+
+    def available(self):
+        return None
+
+    def preload_libraries(self):
+        return ()
+
+    def profile_providers(self, profile, model_bytes):
+        self.profiles.append(profile)
+        return [("CPUExecutionProvider", {})]
+
+
+@pytest.fixture(scope="module")
+def encoder():
+    return masked_encoder()
+
+
+def _matches(outputs, model, x) -> None:
+    want = model(x)
+    # float32 round-off of two attention blocks in ONNX Runtime against TensorFlow
+    for got, key in zip(outputs, ("pooled", "sequence")):
+        np.testing.assert_allclose(got, np.asarray(want[key]), rtol=1e-4, atol=1e-5)
+
+
+def test_a_profile_at_a_buckets_shapes_keeps_the_batch_range_and_fixes_the_rest():
+    main = Profile((("in_0", (1, 8), (4, 8), (64, 8)), ("in_1", (2, 8, 3), (2, 8, 3), (2, 8, 3))))
+    at = main.at_shapes([(1, 32), (2, 32, 3)])
+    assert at.shapes == (
+        ("in_0", (1, 32), (4, 32), (64, 32)),  # the batch's opt stays the sample's
+        ("in_1", (2, 32, 3), (2, 32, 3), (2, 32, 3)),  # a fixed batch stays fixed
+    )
+    assert at.covers_all([(9, 32), (2, 32, 3)]) and not at.covers_all([(9, 31), (2, 32, 3)])
+    assert main.at_shapes([(3, 32), (2, 32, 3)]) == at  # the same bucket, the same engine
+    with pytest.raises(ValueError, match="rank 2"):
+        main.at_shapes([(1, 32, 1), (2, 32, 3)])
+    with pytest.raises(ValueError, match="1 shapes for a profile of 2 inputs"):
+        main.at_shapes([(1, 32)])
+
+
+def test_a_buckets_engine_is_built_for_its_length_and_serves_every_batch(encoder):
+    backend, signature = prepared_backend(EngineOnCpu(), encoder, request(8))
+    flat = signature.flatten
+    with pytest.raises(ValueError, match="outside the profile"):
+        backend.run(flat(request(20)))  # the main engine: the sample's length only
+    assert backend.exact_shapes == [(1, 8), (1, 8)]  # which the callable knows
+    assert "builds an engine for each bucket's length" in backend.exact_reason
+    run = backend.shaped_runner()
+    for batch in (1, 3, 1, 7):
+        x = request(20, batch=batch, seed=batch)
+        _matches(run(flat(x)), encoder, x)
+    main, bucket = backend.opened  # one engine for the bucket, whatever the batch
+    assert bucket == main.at_shapes([(1, 20), (1, 20)])
+    assert bucket.shapes[0][1:] == ((1, 20), (1, 20), (PROFILE_MAX_BATCH, 20))
+    with pytest.raises(ValueError, match="outside the profile"):
+        run(flat(request(21)))  # not this bucket's length
+    run.close()
+    assert backend._bucket_engines == []
+    backend.close()
+    with pytest.raises(ClosedError):
+        backend.run(flat(request(8)))
+    with pytest.raises(ClosedError):
+        backend.shaped_runner()(flat(request(20)))
+
+
+def test_a_bucket_of_the_tensorrt_provider_gets_a_session_for_its_length(encoder):
+    backend, signature = prepared_backend(TensorrtSessionOnCpu(), encoder, request(8))
+    flat = signature.flatten
+    run = backend.shaped_runner()
+    for batch in (2, 5):
+        x = request(24, batch=batch, seed=batch)
+        _matches(run(flat(x)), encoder, x)
+    main, bucket = backend.profiles  # the session's own profile, then the bucket's
+    assert main.shapes[0][2] == (1, 8)
+    assert bucket == main.at_shapes([(1, 24), (1, 24)])
+    assert bucket.ort_options()["trt_profile_opt_shapes"] == "in_0:1x24,in_1:1x24"
+    backend.close()
+    assert backend._bucket_sessions == []
+
+
+@pytest.mark.slow
+def test_the_traffic_is_measured_and_served_through_engines_of_each_buckets_length(encoder):
+    """The engine candidate, faster than the one that runs any length, is measured at the
+    traffic's lengths through engines built for them and serves them padded into buckets,
+    reading each bucket's engine from the engine cache (no build beyond the measured ones);
+    a request longer than any seen goes to the other candidate at its own length."""
+    engine = EngineOnCpu()
+    opt = infertune.optimize(
+        encoder, request(8), traffic=traffic(80),
+        backends=[engine, weight_copying("free", lambda _: 0.004)],
+        isolation="off", verbose=False,
+    )  # fmt: skip
+    summary = opt.report.traffic
+    lengths = summary["lengths"]
+    assert not np.isnan(summary["p50_ms"]["engine-on-cpu"]).any()
+    assert "engine-on-cpu" not in summary["switch_ms"]  # never run at a request's own length
+    buckets = summary["buckets"]
+    assert buckets and all(b["candidate"] == "engine-on-cpu" and b["padded"] for b in buckets)
+    # The main engine, one per measured length, and the kept buckets' from the cache.
+    measured = {engine._profile.at_shapes([(1, n), (1, n)]) for n in lengths}
+    assert set(engine.cache) == {engine._profile, *measured}
+    assert len(engine._bucket_engines) == len(buckets)  # the measuring engines released
+    for n in [3, 8, 17, max(lengths), max(lengths) + 9]:
+        x = request(n, seed=n)
+        got = opt(x)
+        _matches([got["pooled"], got["sequence"]], encoder, x)
