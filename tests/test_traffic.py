@@ -372,3 +372,63 @@ def test_where_memory_is_tight_the_copy_kept_is_the_fastest_over_the_traffic(mon
     dropped = over_traffic["short"]
     assert dropped.status == "skipped"
     assert "on 6 requests of the traffic's lengths" in dropped.reason, dropped.reason
+
+
+def _compiling(name: str, right_at: int | None = None, seen: list | None = None):
+    """tf-xla itself (a runtime that compiles for each shape), named `name`, recording the
+    batch size of every call in `seen`, and where `right_at` is set, giving wrong outputs at
+    every other batch size."""
+    from infertune.backends.tf_xla import TfXla
+
+    class Compiling(TfXla):
+        def __init__(self):
+            super().__init__()
+            self.name = name
+
+        def run(self, inputs):
+            if seen is not None:
+                seen.append(inputs[0].shape[0])
+            outputs = super().run(inputs)
+            if right_at is not None and inputs[0].shape[0] != right_at:
+                outputs = [o + 1.0 for o in outputs]
+            return outputs
+
+    return Compiling()
+
+
+@pytest.mark.slow
+def test_with_traffic_a_compiling_runtime_is_verified_at_a_batch_size_where_it_is_timed(
+    monkeypatch,
+):
+    """Only the fastest at the sample's batch size are timed at the others (one here): XLA,
+    which compiles for each shape, is verified at them only where it is timed there, and a
+    mismatch found there rejects it as verification would have."""
+    from helpers import dense_model
+
+    from infertune.pipeline import contest
+
+    rng = np.random.default_rng(0)
+    requests = [rng.random((int(n), 6), np.float32) for n in rng.choice([1, 2, 8], 30)]
+    monkeypatch.setattr(contest, "MEASURED", 1)
+    seen: list[int] = []
+    opt = infertune.optimize(
+        dense_model(), requests[0], traffic=requests,
+        backends=["onnxruntime-cpu", _compiling("slow-xla", seen=seen)],
+        verbose=False,
+    )  # fmt: skip
+    sample_batch = requests[0].shape[0]
+    result = opt.report.candidate("slow-xla")
+    assert result.status == "ok", result.reason  # verified, slower than onnxruntime-cpu
+    assert set(seen) == {sample_batch}  # never compiled at another batch size
+    # Timed at the others (the leader), it is verified there first: wrong outputs reject it.
+    monkeypatch.setattr(contest, "MEASURED", 4)
+    wrong = infertune.optimize(
+        dense_model(), requests[0], traffic=requests,
+        backends=["onnxruntime-cpu", _compiling("wrong-xla", right_at=sample_batch)],
+        verbose=False,
+    )  # fmt: skip
+    result = wrong.report.candidate("wrong-xla")
+    assert result.status == "mismatch", (result.status, result.reason)
+    assert "on random input at batch" in result.reason
+    assert sorted(wrong.backends_by_batch) == [1, 2, 8]
+    assert set(wrong.backends_by_batch.values()) == {"onnxruntime-cpu"}

@@ -119,6 +119,11 @@ class Backend(ABC):
     # measures the traffic's lengths through shaped runners and serves them in padded
     # buckets only, never at each request's own length.
     builds_per_shape: ClassVar[bool] = False
+    # Whether its first call at each new shape compiles (XLA): with optimize(traffic=...),
+    # where only the fastest few are timed at the other batch sizes, it is verified at a
+    # batch size other than the sample's only where it is timed there (pipeline/measuring.py),
+    # and it serves the traffic's lengths in padded buckets only, never at each request's own.
+    compiles_per_shape: ClassVar[bool] = False
     # Where the candidate differs from another of its class only in a session option that
     # seldom decides the choice (ONNX Runtime's spinning, optimization level, execution mode):
     # that option, in words. Such a variant is not tried where memory is tight

@@ -17,4 +17,5 @@ class TfXla(TfFunction):
     # together to 8.3 GB above what the process held (3.4x), past the 0.5x estimated.
     compile_memory_factor = 3.0
     jit_compile = True
+    compiles_per_shape = True
     triton_serves = True  # the same saved function, XLA on (graph level 1)

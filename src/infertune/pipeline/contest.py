@@ -90,6 +90,7 @@ def _contest(
     run.precision = frame.precision
     if frame.traffic is not None:
         run.tournament_requests = tournament_requests(frame.traffic, frame.signature)
+        run.defer_other_batches = True  # only the fastest few are timed at the others
     isolation.exclusive = run.exclusive
     try:
         prepared = prepare_all(frame.candidates, run)
@@ -184,7 +185,7 @@ def _selection(
     fastest = MEASURED if frame.traffic is not None else None
     by_batch = measure_batches(
         contenders, frame.sample, results, signature, frame.batch_sizes, options, run.progress,
-        run.budget, prepared.call_estimates, run.exclusive, fastest,
+        run.budget, prepared.call_estimates, run.exclusive, fastest, prepared.deferred_checks,
     )  # fmt: skip
     selection = choose(
         results, contenders, by_batch, options, signature, frame.outputs, frame.batch_sizes

@@ -84,6 +84,11 @@ class Preparation:
     # What the tournament times them on: with traffic=, requests at lengths spread over the
     # traffic (traffic_plan.py `tournament_requests`); None: the sample.
     tournament_requests: list[list[np.ndarray]] | None = None
+    # With traffic=, where only the fastest few are timed at the other batch sizes: the
+    # checks at those sizes of a candidate that compiles for each shape (XLA), left to the
+    # measurement, which runs them where it times the candidate there (measuring.py).
+    defer_other_batches: bool = False
+    deferred_checks: dict[str, list[Check]] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
     # Set once this thread has made every conversion: a tournament waits for it, so that no
     # conversion competes for the cores with the candidates it times.

@@ -11,11 +11,13 @@ import numpy as np
 from ..backends import Backend
 from ..errors import one_line
 from ..model.inputs import InputSignature
+from ..model.tolerance import compare_outputs
 from ..options import Options
 from ..report import CandidateResult
 from ..report.progress import Progress
 from .budget import Budget
 from .exclusive import Exclusive
+from .reference import Check
 from .selection import threads_of
 from .timing import LatencyStats, clearly_slower, measure_interleaved, warm_up
 
@@ -34,6 +36,7 @@ def measure_batches(
     call_estimates: dict[str, float] | None = None,
     exclusive: Exclusive | None = None,
     fastest: int | None = None,
+    deferred: dict[str, list[Check]] | None = None,
 ) -> dict[int, dict[str, LatencyStats]]:
     """Measure every contender at the sample's batch size (its statistics go into `results`)
     and at each other tuned batch size, on random inputs drawn like the sample (an exact-shape
@@ -45,7 +48,10 @@ def measure_batches(
     `exclusive`: the run's turns of work and timing, which every timing here takes.
     `fastest`: at the other batch sizes, only this many of the fastest at the sample's are
     timed, in one size's time between them (None: every one, each in its own);
-    optimize(traffic=...) times its lengths the same way."""
+    optimize(traffic=...) times its lengths the same way.
+    `deferred`: by name, checks at other batch sizes left from verification (a candidate
+    that compiles for each shape, with `fastest`): run where it is timed at their size, a
+    mismatch there closing it as verification would have."""
     sizes = batch_sizes or [signature.sample_batch]
     by_name = {r.name: r for r in results}
     rng = np.random.default_rng(1)
@@ -68,6 +74,12 @@ def measure_batches(
             if size == signature.sample_batch
             or (backend.exact_shapes is None and (fastest is None or name in leaders))
         }
+        for name in [n for n in running if (deferred or {}).get(n)]:
+            failure = _verify_deferred(running[name], deferred[name], size, options, by_name[name])
+            if failure is not None:
+                by_name[name].status, by_name[name].reason = failure
+                close_quietly(contenders.pop(name))
+                del running[name]
         budget_s = options.measure_budget(len(sizes) - i, deadline, after)
         if fastest is not None and i > 0:  # the other sizes share one size's time
             budget_s /= len(sizes) - 1
@@ -99,6 +111,26 @@ def measure_batches(
         size: {name: s for name, s in stats.items() if name in contenders}
         for size, stats in measured.items()
     }
+
+
+def _verify_deferred(
+    backend: Backend, checks: list[Check], size: int, options: Options, result: CandidateResult
+) -> tuple[str, str] | None:
+    """Its deferred checks at batch `size` against the model's outputs (the verification
+    rule, the errors into its result); (status, reason) where one fails, else None."""
+    for check in checks:
+        if any(shape[:1] != (size,) for shape in check.shapes):
+            continue
+        try:
+            outputs = backend.run(check.inputs)
+        except Exception as exc:
+            return "failed", f"verification on {check.label}: {one_line(exc)}"
+        found = compare_outputs(outputs, check.reference, options.rtol, options.atol)
+        result.max_abs_err = max(result.max_abs_err or 0.0, found.max_abs_err)
+        result.max_rel_err = max(result.max_rel_err or 0.0, found.max_rel_err)
+        if not found:
+            return "mismatch", f"on {check.label}: {found.reason}"
+    return None
 
 
 def measure(

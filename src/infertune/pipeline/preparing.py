@@ -31,7 +31,7 @@ from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FuturesTimeout
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..backends import Backend
 from ..backends.base import RunFacts
@@ -52,6 +52,7 @@ from .judging import failed_gate, judge_waiting, judged_now, predict_early, sear
 from .memory import fits_memory, memory_budget
 from .offload import offload
 from .planning import order_candidates
+from .reference import Check
 from .steps import JudgeLater, contend, guarded, timed_in_background, timed_stage
 from .tournament import keep, memory_tight, skip_variant, wait_for_rehearsals
 from .verifying import Mismatch, checks_for, first_call_and_verify
@@ -67,6 +68,8 @@ class Prepared:
     contenders: dict[str, Backend]  # the verified candidates, by name
     call_estimates: dict[str, float]  # their seconds per call on the sample in verification
     tried: list[str]  # the names in the order they were tried
+    # Checks at other batch sizes left to the measurement, by name (Preparation's).
+    deferred_checks: dict[str, list[Check]] = field(default_factory=dict)
 
 
 def prepare_all(candidates: list[Backend], run: Preparation) -> Prepared:
@@ -157,7 +160,10 @@ def prepare_all(candidates: list[Backend], run: Preparation) -> Prepared:
             run.predicting[1].result()
         target.conversions.close_offloaded()
         target.release_traced()  # every conversion that starts from it is made
-    return Prepared([s.result for s in states], run.contenders, run.call_estimates, tried)
+    return Prepared(
+        [s.result for s in states], run.contenders, run.call_estimates, tried,
+        {name: checks for name, checks in run.deferred_checks.items() if name in run.contenders},
+    )  # fmt: skip
 
 
 def _admitted(state: Candidate, run: Preparation, is_reference: bool = False) -> bool:

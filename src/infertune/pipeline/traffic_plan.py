@@ -79,9 +79,6 @@ LENGTH_BUDGET_S = 0.3  # measurement at one length, every candidate
 HELD_OUT_ROUNDS = 5
 HELD_OUT_BUDGET_S = 1.5
 HELD_OUT_PASS_S = 0.1
-# A runtime that compiles for each new shape (XLA) runs buckets only: at their own lengths,
-# the traffic's requests would compile again and again.
-COMPILES_PER_SHAPE = ("tf-xla",)
 
 
 @dataclass
@@ -178,7 +175,7 @@ def plan_buckets(
     names = _measured_names(results, contenders, chosen)
     with progress.timed("lengths", text="timing the candidates at the traffic's lengths"):
         costs = _costs_at_lengths(frame, signature, names, contenders, progress, exclusive)
-    exact_ok = [n for n in names if n in costs and _runs_each_length(n, contenders[n])]
+    exact_ok = [n for n in names if n in costs and _runs_each_length(contenders[n])]
     with progress.timed("switching", text="timing each candidate on a stream of lengths"):
         switch = _switching_costs(frame, signature, exact_ok, contenders, costs, exclusive)
     planning = _planning_lengths(frame)
@@ -250,10 +247,10 @@ def plan_buckets(
     return TrafficPlan(tried[best], summary)
 
 
-def _runs_each_length(name: str, backend: Backend) -> bool:
+def _runs_each_length(backend: Backend) -> bool:
     """Whether a candidate may run requests at their own lengths: not one that compiles
     (XLA) or builds an engine (TensorRT) for each new shape."""
-    return not name.startswith(COMPILES_PER_SHAPE) and not backend.builds_per_shape
+    return not backend.compiles_per_shape and not backend.builds_per_shape
 
 
 def _fastest(held: dict | None, tried: dict[str, Buckets]) -> str | None:
@@ -361,8 +358,9 @@ def _costs_at_lengths(
         runners, shaped = {}, []
         for name in names:
             backend = contenders[name]
-            run = backend.shaped_runner() if backend.builds_per_shape else backend.run
-            if run is not backend.run:
+            run = backend.run
+            if backend.builds_per_shape:
+                run = backend.shaped_runner()
                 shaped.append(run)
             try:
                 run(x)  # a new shape's first call: a compile, an allocation, an engine built

@@ -40,7 +40,13 @@ if TYPE_CHECKING:
     from .context import Candidate, Preparation
     from .isolation import Isolation
 
-__all__ = ["Mismatch", "checks_for", "first_call_and_verify", "judge_candidate"]
+__all__ = [
+    "Mismatch",
+    "at_sample_batch",
+    "checks_for",
+    "first_call_and_verify",
+    "judge_candidate",
+]
 
 # How a stage of the candidate is run and timed: (state, run, stage, text, fn) -> fn().
 StageRunner = Callable[["Candidate", "Preparation", str, str, Callable[[], Any]], Any]
@@ -69,6 +75,15 @@ def checks_for(backend: Backend, checks: list[Check]) -> list[Check]:
     return [check for check in checks if check.shapes == shapes]
 
 
+def at_sample_batch(checks: list[Check]) -> tuple[list[Check], list[Check]]:
+    """The checks at the sample's batch size (the first check's), and those at others."""
+    batch = [shape[:1] for shape in checks[0].shapes]
+    same, others = [], []
+    for check in checks:
+        (same if [shape[:1] for shape in check.shapes] == batch else others).append(check)
+    return same, others
+
+
 def first_call_and_verify(
     state: Candidate,
     run: Preparation,
@@ -82,6 +97,8 @@ def first_call_and_verify(
     backend, result = state.backend, state.result
     name, deadline = backend.name, state.deadline
     checks = checks_for(backend, run.checks)
+    if run.defer_other_batches and backend.compiles_per_shape:
+        checks, run.deferred_checks[name] = at_sample_batch(checks)
     if name in REFERENCE_NAMES and run.options.reference == "eager":
         # The model's own call made every check's reference: run again, it shows only
         # whether it is deterministic, which the checks at the sample's shapes show (the
@@ -140,7 +157,12 @@ def first_call_and_verify(
         run.progress.say(f"{name}: verified, before its gate")
         return
     only = ""
-    if len(checks) < len(run.checks):
+    if run.deferred_checks.get(name):
+        only = (
+            f", on the {len(checks)} inputs at the sample's batch size: it compiles for each "
+            f"shape, and is verified at another batch size where it is timed there"
+        )
+    elif len(checks) < len(run.checks):
         only = (
             f", on the {len(checks)} inputs at the sample's shapes: it runs only those "
             f"({backend.exact_reason})"
