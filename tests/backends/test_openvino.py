@@ -206,3 +206,54 @@ def test_unavailable_without_openvino(monkeypatch):
     assert opt.backend != "openvino-cpu"
     x = np.random.default_rng(4).standard_normal((3, 6)).astype("float32")
     assert_matches_model(model(x), opt(x), rtol=FP32_RTOL, atol=FP32_ATOL)
+
+
+_FIRST_DTYPES = """
+import threading
+import numpy as np
+import openvino as ov
+from openvino import opset13 as ops
+from infertune.backends.openvino.cpu import port_dtype
+x = ops.parameter([1, 4], np.float32, name="x")
+compiled = ov.Core().compile_model(ov.Model([ops.relu(x)], [x]), "CPU")
+barrier = threading.Barrier(4)
+def first_call():
+    barrier.wait()
+    assert port_dtype(compiled.input(0)) == np.float32
+threads = [threading.Thread(target=first_call) for _ in range(4)]
+[t.start() for t in threads]
+[t.join() for t in threads]
+print("ok")
+"""
+
+
+@pytest.mark.slow
+@needs_openvino
+def test_the_first_port_dtypes_of_a_process_are_safe_from_threads_at_once():
+    """OpenVINO's Type.to_dtype() deadlocks where two threads make a process's first call at
+    once (13 of 30 processes hung with 4 threads): port_dtype takes them one at a time. Each
+    of 8 fresh processes makes its first calls from 4 threads at once and must end."""
+    import subprocess
+    import time
+
+    children = [
+        subprocess.Popen(
+            [sys.executable, "-c", _FIRST_DTYPES], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        )
+        for _ in range(8)
+    ]
+    deadline = time.monotonic() + 120  # each takes about 3 s; 8 at once on 2 cores, 10-20
+    hung = 0
+    try:
+        for child in children:
+            try:
+                out, err = child.communicate(timeout=max(1.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                hung += 1
+                continue
+            assert child.returncode == 0 and out.strip() == b"ok", err.decode()[-2000:]
+    finally:
+        for child in children:
+            child.kill()
+            child.wait()
+    assert hung == 0, f"{hung} of {len(children)} processes hung in their first to_dtype()"

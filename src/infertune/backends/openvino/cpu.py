@@ -9,6 +9,7 @@ candidate pins the inference precision to f32 and bf16 is a reduced-precision ca
 from __future__ import annotations
 
 import importlib.util
+import threading
 from functools import cache
 from pathlib import Path
 from typing import Any, ClassVar
@@ -57,6 +58,20 @@ __all__ = ["OpenVinoCpu", "OpenVinoCpuBf16", "OpenVinoCpuInt8"]
 
 _INSTALL = install_hint("openvino")
 _HINTS = ("LATENCY", "THROUGHPUT")
+
+
+# OpenVINO 2026.4's Type.to_dtype() fills a static table at its first call in a process and
+# waits for the GIL while it holds that table's guard: two threads making their first call at
+# once deadlock (the other holds the GIL, waiting for the guard). Two OpenVINO candidates
+# prepared at once hung `infertune env --check`; 4 threads calling it at once hung 13 of 30
+# processes, none with this lock.
+_TO_DTYPE = threading.Lock()
+
+
+def port_dtype(port: Any) -> np.dtype:
+    """The numpy dtype of an OpenVINO port, its first computation one thread at a time."""
+    with _TO_DTYPE:
+        return port.get_element_type().to_dtype()
 
 
 @cache
@@ -140,7 +155,7 @@ class OpenVinoCpu(Backend):
         self._inputs = [compiled.input(name) for name in input_names]
         self._outputs = [compiled.output(name) for name in output_names]
         for port, spec in zip(self._inputs, target.signature.specs):
-            got = port.get_element_type().to_dtype()
+            got = port_dtype(port)
             if got != spec.dtype:
                 raise RuntimeError(
                     f"OpenVINO input {port.get_any_name()} is {got}, the signature says "
