@@ -48,6 +48,7 @@ import re
 import secrets
 import shlex
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -86,18 +87,33 @@ def _run_bash(example: Example) -> str | None:
     """Run a ```bash block as a script; its output is the failure message if it fails."""
     env = dict(os.environ)
     env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
-    result = subprocess.run(
+    # A session of its own: where the block runs past its time, every process it started
+    # (the commands under bash, their children) is killed with it, none left running.
+    script = subprocess.Popen(
         ["bash", "-e", "-o", "pipefail", "-c", str(example.parsed)],
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
         env=env,
-        timeout=BASH_TIMEOUT_S,
+        start_new_session=True,
     )
-    if result.returncode == 0:
+    try:
+        stdout, stderr = script.communicate(timeout=BASH_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(script.pid, signal.SIGKILL)
+        stdout, stderr = script.communicate()
+        return (
+            f"ran past {BASH_TIMEOUT_S} s\n--- stdout (end) ---\n{stdout[-4000:]}"
+            f"\n--- stderr (end) ---\n{stderr[-4000:]}"
+        )
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(script.pid, signal.SIGKILL)  # what the block left in the background
+    if script.returncode == 0:
         return None
     return (
-        f"exit status {result.returncode}\n--- stdout (end) ---\n{result.stdout[-4000:]}"
-        f"\n--- stderr (end) ---\n{result.stderr[-4000:]}"
+        f"exit status {script.returncode}\n--- stdout (end) ---\n{stdout[-4000:]}"
+        f"\n--- stderr (end) ---\n{stderr[-4000:]}"
     )
 
 
