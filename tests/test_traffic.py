@@ -432,3 +432,14 @@ def test_with_traffic_a_compiling_runtime_is_verified_at_a_batch_size_where_it_i
     assert "on random input at batch" in result.reason
     assert sorted(wrong.backends_by_batch) == [1, 2, 8]
     assert set(wrong.backends_by_batch.values()) == {"onnxruntime-cpu"}
+    # One batch size in the traffic: nothing is tuned per batch size, so the check at another
+    # batch size (which the choice serves too) stays in verification.
+    seen.clear()
+    monkeypatch.setattr(contest, "MEASURED", 1)
+    same = [rng.random((8, 6), np.float32) for _ in range(10)]
+    one = infertune.optimize(
+        dense_model(), same[0], traffic=same,
+        backends=["onnxruntime-cpu", _compiling("slow-xla", seen=seen)], verbose=False,
+    )  # fmt: skip
+    assert one.backends_by_batch == {8: one.backend}
+    assert set(seen) == {8, 1}  # verified at batch 1 as without traffic=

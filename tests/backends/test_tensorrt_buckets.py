@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 import onnxruntime as ort
 import pytest
-from helpers import prepared_backend, weight_copying
+from helpers import dense_model, prepared_backend, weight_copying
 from traffic_models import masked_encoder, request, traffic
 
 import infertune
@@ -25,7 +25,6 @@ from infertune.backends.tensorrt.profiles import (
     PROFILE_MAX_BATCH,
     Profile,
     default_batch_sizes,
-    exact_shapes_of,
     profile_shapes,
 )
 from infertune.errors import ClosedError
@@ -34,9 +33,9 @@ from infertune.errors import ClosedError
 class _ProfiledSession:
     """An ONNX Runtime CPU session standing for a TensorRT engine built for `profile`."""
 
-    def __init__(self, session: ort.InferenceSession, profile: Profile, input_names):
+    def __init__(self, session: ort.InferenceSession, profile: Profile, input_names, wrong):
         self.session, self.profile, self.names = session, profile, list(input_names)
-        self.closed = False
+        self.closed, self.wrong = False, wrong
 
     def run(self, inputs):
         if self.closed:
@@ -44,7 +43,8 @@ class _ProfiledSession:
         for name, x in zip(self.names, inputs):
             if not self.profile.covers(name, x.shape):
                 raise ValueError(f"input {name} of shape {x.shape} is outside the profile")
-        return self.session.run(None, dict(zip(self.names, inputs)))
+        outputs = self.session.run(None, dict(zip(self.names, inputs)))
+        return [o + 1.0 for o in outputs] if self.wrong(inputs) else outputs
 
     def close(self):
         self.closed = True
@@ -58,23 +58,23 @@ class EngineOnCpu(TensorRtEngine):
     name = "engine-on-cpu"
     rehearse_in_child = False  # built in this process: the child knows only registered names
 
-    def __init__(self):
+    def __init__(self, wrong=lambda inputs: False):
         super().__init__()
         self.cache: dict[Profile, ort.InferenceSession] = {}
         self.opened: list[Profile] = []
+        self.wrong = wrong  # which calls it answers wrongly (none by default)
 
     def available(self):
         return None
 
     def prepare(self, target):
-        # TensorRtEngine.prepare without tensorrt and cuda-python: the export, the profile,
-        # the main engine.
+        # TensorRtEngine.prepare without tensorrt and cuda-python: the export (and the exact
+        # shapes, convert() sets them), the profile, the main engine.
         self.convert(target)
         self._model_bytes = self._exported.model_bytes
         self._profile = profile_shapes(
             target.signature, default_batch_sizes(target.signature), self._exported.input_names
         )
-        self.exact_shapes, self.exact_reason = exact_shapes_of(target.signature)
         self._main = self.engine_call(self._profile)
 
     def engine_call(self, profile):
@@ -83,7 +83,9 @@ class EngineOnCpu(TensorRtEngine):
             self.cache[profile] = ort.InferenceSession(
                 self._model_bytes, providers=["CPUExecutionProvider"]
             )
-        return _ProfiledSession(self.cache[profile], profile, self._exported.input_names)
+        return _ProfiledSession(
+            self.cache[profile], profile, self._exported.input_names, self.wrong
+        )
 
 
 class TensorrtSessionOnCpu(OnnxRuntimeTensorrt):
@@ -137,6 +139,22 @@ def test_a_profile_at_a_buckets_shapes_keeps_the_batch_range_and_fixes_the_rest(
         main.at_shapes([(1, 32)])
 
 
+def test_the_tensorrt_candidates_know_their_exact_shapes_once_converted(encoder):
+    """The real classes (convert() needs no GPU: the ONNX export): the exact shapes are
+    known after convert(), before the rehearsal in the child runs the checks of them only."""
+    from helpers import target_for
+
+    target = target_for(encoder, request(8))
+    for backend in (TensorRtEngine(), OnnxRuntimeTensorrt()):
+        backend.convert(target)
+        assert backend.exact_shapes == [(1, 8), (1, 8)], backend.name
+        assert "optimize(traffic=...) builds an engine" in backend.exact_reason
+    fixed = target_for(dense_model(), np.zeros((4, 6), "float32"))  # free batch only
+    for backend in (TensorRtEngine(), OnnxRuntimeTensorrt()):
+        backend.convert(fixed)
+        assert backend.exact_shapes is None, backend.name
+
+
 def test_a_buckets_engine_is_built_for_its_length_and_serves_every_batch(encoder):
     backend, signature = prepared_backend(EngineOnCpu(), encoder, request(8))
     flat = signature.flatten
@@ -155,6 +173,8 @@ def test_a_buckets_engine_is_built_for_its_length_and_serves_every_batch(encoder
         run(flat(request(21)))  # not this bucket's length
     run.close()
     assert backend._bucket_engines == []
+    with pytest.raises(ClosedError):
+        run(flat(request(20)))  # a closed bucket opens no engine again
     backend.close()
     with pytest.raises(ClosedError):
         backend.run(flat(request(8)))
@@ -173,6 +193,9 @@ def test_a_bucket_of_the_tensorrt_provider_gets_a_session_for_its_length(encoder
     assert main.shapes[0][2] == (1, 8)
     assert bucket == main.at_shapes([(1, 24), (1, 24)])
     assert bucket.ort_options()["trt_profile_opt_shapes"] == "in_0:1x24,in_1:1x24"
+    run.close()
+    with pytest.raises(ClosedError):
+        run(flat(request(24)))
     backend.close()
     assert backend._bucket_sessions == []
 
@@ -201,5 +224,26 @@ def test_the_traffic_is_measured_and_served_through_engines_of_each_buckets_leng
     assert len(engine._bucket_engines) == len(buckets)  # the measuring engines released
     for n in [3, 8, 17, max(lengths), max(lengths) + 9]:
         x = request(n, seed=n)
+        got = opt(x)
+        _matches([got["pooled"], got["sequence"]], encoder, x)
+
+
+@pytest.mark.slow
+def test_a_bucket_wrong_at_another_batch_size_is_not_kept(encoder):
+    """A bucket serves every batch size: it is verified at the traffic's and at another
+    (batch 2 for a traffic of single requests). An engine wrong beyond batch 1 loses its
+    buckets, and the requests go to the other candidate at their own lengths."""
+    engine = EngineOnCpu(wrong=lambda inputs: inputs[0].shape[0] > 1)
+    opt = infertune.optimize(
+        encoder, request(8), traffic=traffic(80),
+        backends=[engine, weight_copying("free", lambda _: 0.004)],
+        isolation="off", verbose=False,
+    )  # fmt: skip
+    summary = opt.report.traffic
+    failed = str(summary.get("failed"))
+    assert "at batch 2 by engine-on-cpu" in failed, failed
+    assert summary["kept"].startswith("exact shapes by free: the buckets failed verification")
+    for n, batch in [(5, 1), (12, 2), (30, 3)]:
+        x = request(n, batch=batch, seed=n)
         got = opt(x)
         _matches([got["pooled"], got["sequence"]], encoder, x)

@@ -90,7 +90,8 @@ def _contest(
     run.precision = frame.precision
     if frame.traffic is not None:
         run.tournament_requests = tournament_requests(frame.traffic, frame.signature)
-        run.defer_other_batches = True  # only the fastest few are timed at the others
+        if not frame.traffic.lengths and frame.batch_sizes:  # served by batch size alone
+            run.deferred_batches = frozenset(frame.batch_sizes) - {frame.signature.sample_batch}
     isolation.exclusive = run.exclusive
     try:
         prepared = prepare_all(frame.candidates, run)

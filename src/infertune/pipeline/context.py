@@ -84,10 +84,11 @@ class Preparation:
     # What the tournament times them on: with traffic=, requests at lengths spread over the
     # traffic (traffic_plan.py `tournament_requests`); None: the sample.
     tournament_requests: list[list[np.ndarray]] | None = None
-    # With traffic=, where only the fastest few are timed at the other batch sizes: the
-    # checks at those sizes of a candidate that compiles for each shape (XLA), left to the
-    # measurement, which runs them where it times the candidate there (measuring.py).
-    defer_other_batches: bool = False
+    # With traffic= served by batch size alone (no buckets), where only the fastest few are
+    # timed at the tuned batch sizes besides the sample's: those sizes. A candidate that
+    # compiles for each shape (XLA) leaves its checks at them to the measurement, which runs
+    # them where it times the candidate there (measuring.py), in `deferred_checks`.
+    deferred_batches: frozenset[int] = frozenset()
     deferred_checks: dict[str, list[Check]] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
     # Set once this thread has made every conversion: a tournament waits for it, so that no

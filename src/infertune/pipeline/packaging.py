@@ -107,9 +107,8 @@ def make_package(model: Model, options: Options, path: Path, progress: Progress)
         _write_arrays(path / "data" / "checks.npz", _check_arrays(checks))
         traffic = frame.traffic
         if traffic is not None:
-            _write_arrays(
-                path / "data" / "traffic.npz", _check_arrays(list(traffic.checks.values()))
-            )
+            stored = [*traffic.checks.values(), *traffic.batch_checks.values()]
+            _write_arrays(path / "data" / "traffic.npz", _check_arrays(stored))
         if data.calibration:
             arrays = batches_arrays("in", data.calibration) | batches_arrays(
                 "ref", data.calibration_reference
@@ -190,7 +189,8 @@ def _write_conversions(
 def _traffic_manifest(traffic: TrafficFrame) -> dict:
     """What tuning from the package needs of the traffic: the requests' sizes, the pad values,
     the padding check, the lengths to measure at and the held-out rows; the requests at each
-    length with the model's outputs are in data/traffic.npz, in the order of `checked`."""
+    length with the model's outputs are in data/traffic.npz, in the order of `checked`, then
+    those at another batch size, in the order of `checked_batch`."""
     return {
         "traffic": traffic.traffic.to_dict(),
         "pad_values": [_plain(v) for v in traffic.pad_values],
@@ -198,6 +198,7 @@ def _traffic_manifest(traffic: TrafficFrame) -> dict:
         "padding": traffic.padding.to_dict() if traffic.padding is not None else None,
         "lengths": traffic.lengths,
         "checked": list(traffic.checks),
+        "checked_batch": list(traffic.batch_checks),  # after `checked` in traffic.npz
         "held_out": traffic.held_out,
         "why_exact": traffic.why_exact,
     }
@@ -383,6 +384,11 @@ class Package:
                           numbered(arrays, f"ref_{i}"))
             for i, n in enumerate(stored["checked"])
         }  # fmt: skip
+        batch_checks = {}
+        for i, n in enumerate(stored.get("checked_batch", []), start=len(checks)):
+            inputs = numbered(arrays, f"in_{i}")
+            label = f"a request of length {n} at batch {inputs[0].shape[0]}"
+            batch_checks[int(n)] = Check(label, inputs, numbered(arrays, f"ref_{i}"))
         padding = stored["padding"]
         return TrafficFrame(
             Traffic.from_dict(stored["traffic"]),
@@ -391,6 +397,7 @@ class Package:
             PaddingCheck.from_dict(padding) if padding else None,
             [int(n) for n in stored["lengths"]],
             checks,
+            batch_checks,
             [int(r) for r in stored["held_out"]],
             stored["why_exact"],
         )

@@ -91,6 +91,10 @@ class TrafficFrame:
     padding: PaddingCheck | None
     lengths: list[int] = field(default_factory=list)  # where candidates are measured
     checks: dict[int, Check] = field(default_factory=dict)  # length -> request + outputs
+    # The same at each length measured, at another batch size (`other_batch`), where the
+    # batch is free: a bucket serves every batch size (a TensorRT bucket's engine, from
+    # batch 1 to its profile's bound), verified at two.
+    batch_checks: dict[int, Check] = field(default_factory=dict)
     held_out: list[int] = field(default_factory=list)  # rows of the traffic kept apart
     why_exact: str = ""  # why the requests run at exact shapes, where they do
 
@@ -144,11 +148,24 @@ def frame_traffic(
         frame.why_exact = frame.padding.reason
     batch = int(np.median(traffic.batches))
     held_lengths = sorted({int(traffic.lengths(0)[row]) for row in held})[:: max(1, len(held) // 4)]
+    other = other_batch(traffic, signature)
     with progress.timed("traffic checks", text="the model at the traffic's lengths"):
         for n in dict.fromkeys([*frame.lengths, *held_lengths]):
             x = signature.random_inputs(rng, shapes=shapes_at(signature, traffic.dims, batch, [n]))
             frame.checks[n] = Check(f"a request of length {n}", x, call(x))
+        for n in frame.lengths if other is not None else ():
+            x = signature.random_inputs(rng, shapes=shapes_at(signature, traffic.dims, other, [n]))
+            frame.batch_checks[n] = Check(f"a request of length {n} at batch {other}", x, call(x))
     return frame
+
+
+def other_batch(traffic: Traffic, signature: InputSignature) -> int | None:
+    """The batch size the buckets are verified at besides the traffic's median: its largest
+    where it is larger, else 1 (2 where the median is 1); None where the batch is fixed."""
+    if not signature.batch_is_dynamic:
+        return None
+    median, largest = int(np.median(traffic.batches)), int(traffic.batches.max())
+    return largest if largest > median else (2 if median == 1 else 1)
 
 
 def plan_buckets(
@@ -467,19 +484,19 @@ def _exact_buckets(backend: Backend, frame: TrafficFrame) -> Buckets:
 
 
 def _verify(buckets: Buckets, frame: TrafficFrame, rtol: float, atol: float) -> str | None:
-    """Every stored request (each bucket's bound, held-out lengths) through the buckets
-    against the model's outputs on it; None where all match, else what failed."""
+    """Every stored request (each bucket's bound at two batch sizes, held-out lengths) through
+    the buckets against the model's outputs on it; None where all match, else what failed."""
     run = buckets.run
-    for n, check in frame.checks.items():
+    for n, check in [*frame.checks.items(), *frame.batch_checks.items()]:
         try:
             got = run(check.inputs)
         except Exception as exc:
-            return f"length {n}: {one_line(exc)}"
+            return f"{check.label}: {one_line(exc)}"
         comparison = compare_outputs(got, check.reference, rtol, atol)
         if not comparison:
             bucket = buckets.bucket_for(n)
             who = bucket.backend.name if bucket else buckets.beyond.name
-            return f"length {n} by {who}: {comparison.reason}"
+            return f"{check.label} by {who}: {comparison.reason}"
     return None
 
 

@@ -42,10 +42,10 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Mismatch",
-    "at_sample_batch",
     "checks_for",
     "first_call_and_verify",
     "judge_candidate",
+    "split_by_batch",
 ]
 
 # How a stage of the candidate is run and timed: (state, run, stage, text, fn) -> fn().
@@ -75,13 +75,13 @@ def checks_for(backend: Backend, checks: list[Check]) -> list[Check]:
     return [check for check in checks if check.shapes == shapes]
 
 
-def at_sample_batch(checks: list[Check]) -> tuple[list[Check], list[Check]]:
-    """The checks at the sample's batch size (the first check's), and those at others."""
-    batch = [shape[:1] for shape in checks[0].shapes]
-    same, others = [], []
+def split_by_batch(checks: list[Check], batches: frozenset[int]) -> tuple[list[Check], list[Check]]:
+    """The checks whose inputs are not all at one of `batches`, and those that are."""
+    now, later = [], []
     for check in checks:
-        (same if [shape[:1] for shape in check.shapes] == batch else others).append(check)
-    return same, others
+        sizes = {shape[0] if shape else None for shape in check.shapes}
+        (later if len(sizes) == 1 and sizes <= batches else now).append(check)
+    return now, later
 
 
 def first_call_and_verify(
@@ -97,8 +97,8 @@ def first_call_and_verify(
     backend, result = state.backend, state.result
     name, deadline = backend.name, state.deadline
     checks = checks_for(backend, run.checks)
-    if run.defer_other_batches and backend.compiles_per_shape:
-        checks, run.deferred_checks[name] = at_sample_batch(checks)
+    if run.deferred_batches and backend.compiles_per_shape:
+        checks, run.deferred_checks[name] = split_by_batch(checks, run.deferred_batches)
     if name in REFERENCE_NAMES and run.options.reference == "eager":
         # The model's own call made every check's reference: run again, it shows only
         # whether it is deterministic, which the checks at the sample's shapes show (the
@@ -159,8 +159,8 @@ def first_call_and_verify(
     only = ""
     if run.deferred_checks.get(name):
         only = (
-            f", on the {len(checks)} inputs at the sample's batch size: it compiles for each "
-            f"shape, and is verified at another batch size where it is timed there"
+            f", on {len(checks)} inputs: it compiles for each shape, and is verified at the "
+            f"other tuned batch sizes where it is timed there"
         )
     elif len(checks) < len(run.checks):
         only = (

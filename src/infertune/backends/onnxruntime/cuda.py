@@ -372,6 +372,11 @@ class OnnxRuntimeTensorrt(OnnxRuntimeCuda):
         self.bucket_memory_factor = 1.0  # a bucket's session holds the weights on the GPU
         self._bucket_sessions: list[_SessionAtShapes] = []
 
+    def convert(self, target: Target) -> None:
+        # Known before the rehearsal in the child, which runs the checks of these shapes only.
+        self.exact_shapes, self.exact_reason = exact_shapes_of(target.signature)
+        super().convert(target)
+
     def preload_libraries(self) -> tuple[str, ...]:
         """The CUDA libraries, then the TensorRT ones the provider links, from TensorRT's wheel."""
         notes = preload_cuda()
@@ -383,7 +388,6 @@ class OnnxRuntimeTensorrt(OnnxRuntimeCuda):
         self._profile = profile_shapes(
             target.signature, default_batch_sizes(target.signature), exported.input_names
         )
-        self.exact_shapes, self.exact_reason = exact_shapes_of(target.signature)
         self._model_bytes = model_bytes
         return self.profile_providers(self._profile, model_bytes)
 
@@ -401,7 +405,6 @@ class OnnxRuntimeTensorrt(OnnxRuntimeCuda):
             "trt_fp16_enable": self.fp16,
             **profile.ort_options(),
         }
-        self.engine_cache = cache
         return [(TENSORRT_EP, options), (CUDA_EP, {})]
 
     def shaped_runner(self) -> Callable[[list[np.ndarray]], list[np.ndarray]]:
@@ -436,6 +439,7 @@ class _SessionAtShapes:
     def __init__(self, backend: OnnxRuntimeTensorrt):
         self._backend = backend
         self._session = None
+        self._closed = False
         self._local = threading.local()
         self._lock = threading.Lock()
 
@@ -452,8 +456,8 @@ class _SessionAtShapes:
         backend = self._backend
         with self._lock:
             if self._session is None:
-                if backend._session is None:
-                    raise ClosedError(f"the {backend.name} backend was closed")
+                if self._closed or backend._session is None:
+                    raise ClosedError(f"the {backend.name} bucket's session was closed")
                 self.profile = backend._profile.at_shapes(shapes)
                 providers = backend.profile_providers(self.profile, backend._model_bytes)
                 self._session = backend._new_session(backend._model_bytes, providers)
@@ -462,7 +466,7 @@ class _SessionAtShapes:
     def close(self) -> None:
         """Release the bucket's session (a plan that lost its timing gives it back)."""
         with self._lock:
-            self._session, self._local = None, threading.local()
+            self._session, self._local, self._closed = None, threading.local(), True
         if self in self._backend._bucket_sessions:
             self._backend._bucket_sessions.remove(self)
 

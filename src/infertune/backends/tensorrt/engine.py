@@ -163,6 +163,8 @@ class TensorRtEngine(Backend):
         return reason_unavailable("tensorrt", gpu_facts())
 
     def convert(self, target: Target) -> None:
+        # Known before the rehearsal in the child, which runs the checks of these shapes only.
+        self.exact_shapes, self.exact_reason = exact_shapes_of(target.signature)
         self._exported = export_onnx(target)
         if self._exported.directory is not None:  # parsed from bytes here: no external data
             raise RuntimeError(
@@ -182,7 +184,6 @@ class TensorRtEngine(Backend):
         self._profile = profile_shapes(
             target.signature, default_batch_sizes(target.signature), exported.input_names
         )
-        self.exact_shapes, self.exact_reason = exact_shapes_of(target.signature)
         self._trt = trt
         self._logger = trt.Logger(trt.Logger.ERROR)
         self._runtime = trt.Runtime(self._logger)  # must outlive the engines
@@ -359,6 +360,7 @@ class EngineAtShapes:
     def __init__(self, backend: TensorRtEngine):
         self._backend = backend
         self._call: EngineCall | None = None
+        self._closed = False
         self._lock = threading.Lock()
 
     def __call__(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
@@ -371,15 +373,15 @@ class EngineAtShapes:
         backend = self._backend
         with self._lock:
             if self._call is None:
-                if backend._main is None:
-                    raise ClosedError(f"the {backend.name} backend was closed")
+                if self._closed or backend._main is None:
+                    raise ClosedError(f"the {backend.name} bucket's engine was closed")
                 self._call = backend.engine_call(backend._profile.at_shapes(shapes))
             return self._call
 
     def close(self) -> None:
         """Release the bucket's engine (a plan that lost its timing gives it back)."""
         with self._lock:
-            call, self._call = self._call, None
+            call, self._call, self._closed = self._call, None, True
         if call is not None:
             call.close()
         if self in self._backend._bucket_engines:
