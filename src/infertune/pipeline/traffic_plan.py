@@ -91,7 +91,7 @@ class TrafficFrame:
     padding: PaddingCheck | None
     lengths: list[int] = field(default_factory=list)  # where candidates are measured
     checks: dict[int, Check] = field(default_factory=dict)  # length -> request + outputs
-    # The same at each length measured, at another batch size (`other_batch`), where the
+    # The same at each length measured, at another batch size (`_other_batch`), where the
     # batch is free: a bucket serves every batch size (a TensorRT bucket's engine, from
     # batch 1 to its profile's bound), verified at two.
     batch_checks: dict[int, Check] = field(default_factory=dict)
@@ -148,7 +148,7 @@ def frame_traffic(
         frame.why_exact = frame.padding.reason
     batch = int(np.median(traffic.batches))
     held_lengths = sorted({int(traffic.lengths(0)[row]) for row in held})[:: max(1, len(held) // 4)]
-    other = other_batch(traffic, signature)
+    other = _other_batch(traffic, signature)
     with progress.timed("traffic checks", text="the model at the traffic's lengths"):
         for n in dict.fromkeys([*frame.lengths, *held_lengths]):
             x = signature.random_inputs(rng, shapes=shapes_at(signature, traffic.dims, batch, [n]))
@@ -159,7 +159,7 @@ def frame_traffic(
     return frame
 
 
-def other_batch(traffic: Traffic, signature: InputSignature) -> int | None:
+def _other_batch(traffic: Traffic, signature: InputSignature) -> int | None:
     """The batch size the buckets are verified at besides the traffic's median: its largest
     where it is larger, else 1 (2 where the median is 1); None where the batch is fixed."""
     if not signature.batch_is_dynamic:
