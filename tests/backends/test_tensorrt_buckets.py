@@ -200,6 +200,16 @@ def test_a_bucket_of_the_tensorrt_provider_gets_a_session_for_its_length(encoder
     assert backend._bucket_sessions == []
 
 
+def _tuned_on_traffic(encoder, engine: EngineOnCpu):
+    """optimize(traffic=80 requests) with `engine` and a slower candidate that runs any
+    length (4 ms a call), in this process: the fake engine is not a registered name."""
+    return infertune.optimize(
+        encoder, request(8), traffic=traffic(80),
+        backends=[engine, weight_copying("free", lambda _: 0.004)],
+        isolation="off", verbose=False,
+    )  # fmt: skip
+
+
 @pytest.mark.slow
 def test_the_traffic_is_measured_and_served_through_engines_of_each_buckets_length(encoder):
     """The engine candidate, faster than the one that runs any length, is measured at the
@@ -207,11 +217,7 @@ def test_the_traffic_is_measured_and_served_through_engines_of_each_buckets_leng
     reading each bucket's engine from the engine cache (no build beyond the measured ones);
     a request longer than any seen goes to the other candidate at its own length."""
     engine = EngineOnCpu()
-    opt = infertune.optimize(
-        encoder, request(8), traffic=traffic(80),
-        backends=[engine, weight_copying("free", lambda _: 0.004)],
-        isolation="off", verbose=False,
-    )  # fmt: skip
+    opt = _tuned_on_traffic(encoder, engine)
     summary = opt.report.traffic
     lengths = summary["lengths"]
     assert not np.isnan(summary["p50_ms"]["engine-on-cpu"]).any()
@@ -234,11 +240,7 @@ def test_a_bucket_wrong_at_another_batch_size_is_not_kept(encoder):
     (batch 2 for a traffic of single requests). An engine wrong beyond batch 1 loses its
     buckets, and the requests go to the other candidate at their own lengths."""
     engine = EngineOnCpu(wrong=lambda inputs: inputs[0].shape[0] > 1)
-    opt = infertune.optimize(
-        encoder, request(8), traffic=traffic(80),
-        backends=[engine, weight_copying("free", lambda _: 0.004)],
-        isolation="off", verbose=False,
-    )  # fmt: skip
+    opt = _tuned_on_traffic(encoder, engine)
     summary = opt.report.traffic
     failed = str(summary.get("failed"))
     assert "at batch 2 by engine-on-cpu" in failed, failed

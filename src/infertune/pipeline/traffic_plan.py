@@ -372,13 +372,14 @@ def _costs_at_lengths(
     costs = {name: np.full(len(frame.lengths), np.nan) for name in names}
     for j, n in enumerate(frame.lengths):
         x = _request(frame, signature, n)
-        runners, shaped = {}, []
+        runners, closers = {}, []
         for name in names:
             backend = contenders[name]
             run = backend.run
             if backend.builds_per_shape:
                 run = backend.shaped_runner()
-                shaped.append(run)
+                if (close := getattr(run, "close", None)) is not None:
+                    closers.append(close)
             try:
                 run(x)  # a new shape's first call: a compile, an allocation, an engine built
             except Exception:
@@ -393,15 +394,11 @@ def _costs_at_lengths(
                     cooldown_s={name: contenders[name].cooldown_s for name in runners},
                 )  # fmt: skip
         finally:
-            for run in shaped:
-                getattr(run, "close", _no_close)()
+            for close in closers:
+                close()
         for name, stats in measured.stats.items():
             costs[name][j] = stats.p50
     return {name: c for name, c in costs.items() if not np.isnan(c).all()}
-
-
-def _no_close() -> None:
-    """What a shaped runner without state of its own needs to release: nothing."""
 
 
 def _switching_costs(
