@@ -119,7 +119,7 @@ def _verify_deferred(
     """Its deferred checks at batch `size` against the model's outputs (the verification
     rule, the errors into its result); (status, reason) where one fails, else None."""
     for check in checks:
-        if any(shape[:1] != (size,) for shape in check.shapes):
+        if check.batch != size:
             continue
         try:
             outputs = backend.run(check.inputs)

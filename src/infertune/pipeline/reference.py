@@ -57,6 +57,12 @@ class Check:
     def shapes(self) -> list[tuple[int, ...]]:
         return [array.shape for array in self.inputs]
 
+    @property
+    def batch(self) -> int | None:
+        """The batch size all its inputs share; None where they differ or have none."""
+        sizes = {shape[0] if shape else None for shape in self.shapes}
+        return sizes.pop() if len(sizes) == 1 else None
+
 
 def reference_outputs(
     source: ModelSource, signature: InputSignature, sample: list[np.ndarray]

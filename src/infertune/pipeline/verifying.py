@@ -79,8 +79,7 @@ def split_by_batch(checks: list[Check], batches: frozenset[int]) -> tuple[list[C
     """The checks whose inputs are not all at one of `batches`, and those that are."""
     now, later = [], []
     for check in checks:
-        sizes = {shape[0] if shape else None for shape in check.shapes}
-        (later if len(sizes) == 1 and sizes <= batches else now).append(check)
+        (later if check.batch in batches else now).append(check)
     return now, later
 
 
