@@ -51,7 +51,7 @@ from .onnx_external import (
     write_external_data,
 )
 from .onnx_freeze import frozen_graph_def
-from .onnx_transposes import squeeze_unit_transposes
+from .onnx_passes import speed_up
 from .rewrites import rewrite_for_onnx
 
 __all__ = [
@@ -355,7 +355,7 @@ def _to_onnx(
     model_proto = graph.make_model(f"converted from {concrete.name}")
     del graph
     raise_on_unconverted(model_proto, errors.failed_nodes)
-    squeeze_unit_transposes(model_proto)
+    speed_up(model_proto)  # exact rewrites where ONNX Runtime runs tf2onnx's forms slowly
     return model_proto
 
 
