@@ -60,6 +60,17 @@ def test_a_transpose_through_a_unit_axis_gives_the_same_values_at_every_size():
         assert np.array_equal(got, x.transpose(0, 3, 2, 4, 1).transpose(0, 1, 2, 4, 3))
 
 
+def test_the_new_names_never_take_a_name_the_graph_has():
+    model = two_transposes()
+    first, second = model.graph.node
+    first.output[0] = second.input[0] = "slow/squeezed"  # the name the rewrite would make
+    expected = run(model, np.ones((1, 2, 1, 4, 8), np.float32))
+    assert squeeze_unit_transposes(model) == 1
+    onnx.checker.check_model(model, full_check=True)  # every name made once
+    assert "slow_1/Transpose" in [node.name for node in model.graph.node]
+    assert np.array_equal(run(model, np.ones((1, 2, 1, 4, 8), np.float32)), expected)
+
+
 def test_a_graph_shape_inference_cannot_read_is_left_as_it_is():
     model = two_transposes()
     model.graph.node[0].input[0] = "missing"  # a graph that is not valid ONNX

@@ -36,6 +36,9 @@ __all__ = ["speed_up"]
 # reads (a reshape target, a gather index); a larger one enters as an input of its shape.
 _VALUES_KEPT_MAX = 64
 
+# The names the transposes pass makes for each Transpose, after its name and a slash.
+_NEW_NAMES = ("squeezed", "transposed", "in_axes", "out_axes", "Squeeze", "Transpose", "Unsqueeze")
+
 
 def speed_up(model: Any) -> dict[str, int]:
     """Every pass, in place, on an export of opset 13 or later (Squeeze's axes an input);
@@ -58,7 +61,7 @@ def squeeze_unit_transposes(model: Any) -> int:
     from onnx import helper, numpy_helper
 
     graph = model.graph
-    taken = {name for node in graph.node for name in (*node.input, *node.output)}
+    taken = {name for node in graph.node for name in (node.name, *node.input, *node.output)}
     taken.update(tensor.name for tensor in graph.initializer)
     nodes, rewritten = [], 0
     for node in graph.node:
@@ -314,10 +317,11 @@ def _external(tensor: Any) -> bool:
 
 
 def _fresh(name: str, taken: set[str]) -> str:
-    """`name`, or `name` numbered, not yet a name of the graph (its prefix of new names)."""
+    """`name`, or `name` numbered, such that none of the names the transposes pass makes from
+    it (`_NEW_NAMES` after a slash) is taken; those names are taken from then on."""
     base, number = name, 0
-    while any(existing.startswith(f"{base}/") for existing in taken):
+    while any(f"{base}/{suffix}" in taken for suffix in _NEW_NAMES):
         number += 1
         base = f"{name}_{number}"
-    taken.add(f"{base}/")
+    taken.update(f"{base}/{suffix}" for suffix in _NEW_NAMES)
     return base
