@@ -17,7 +17,7 @@ over the lengths (the geometric mean) on the attention models; the outputs equal
 Models: benchmarks/bench_models.py's masked audio encoder (3 Conv1D, 2 attention blocks of
 width 256, 4 heads) and masked text encoder (4 blocks of width 768, 12 heads), batch 1, at
 lengths from their traffic in benchmarks/shapes.py (audio: median 300 frames; text: queries
-and documents). Results: docs/benchmarks/onnx_passes/<date>/ (--out).
+and documents). Results: docs/benchmarks/onnx-passes/<date>/ (--out).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 import harness
 import numpy as np
 
-BENCHMARK = "onnx_passes"
+BENCHMARK = "onnx-passes"
 MODELS = ("transpose", "audio", "text-encoder")
 LENGTHS = {"transpose": (288,), "audio": (40, 150, 300, 600), "text-encoder": (16, 40, 200, 400)}
 EACH = 1.02  # with both passes, p50 at most this much the export's, at every length
