@@ -110,9 +110,13 @@ def page_out_own_files() -> int:
     into memory (a file written by a thread running there) stayed resident, one 4 KB page in
     each of ten trials on two cores, 16 KB of a flatbuffer in a test-suite run. So a
     one-page advice runs on each CPU this thread may run on first (its affinity restored
-    after), draining each one's batch; a mapping still resident after the advice (mincore)
-    is drained and advised again, PAGEOUT_TRIES times in all: a page brought in on a CPU
-    after its drain (16 KB of a flatbuffer, one test-suite run in three) stayed otherwise."""
+    after), draining each one's batch. The kernel also skips a page being written to disk:
+    a file just written (the flatbuffer, the external data) is written back within seconds,
+    and on ext4 a 1 MB or 64 MB file whose writeback had started stayed resident whole, the
+    likelier cause of the 16 KB of a flatbuffer left in one test-suite run in three with the
+    drains alone. So a mapping still resident after the advice (mincore) waits for its
+    file's writeback in flight (sync_file_range, which starts none) and is drained and
+    advised again, PAGEOUT_TRIES times in all."""
     advise = _madvise()
     if advise is None:
         return 0
@@ -122,12 +126,12 @@ def page_out_own_files() -> int:
             lines = maps.read().splitlines()
     except OSError:
         return 0
-    ranges = []
+    ranges = []  # (start, size, offset in the file, path)
     for line in lines:
         fields = line.split(maxsplit=5)
         if len(fields) == 6 and fields[5].startswith(prefix):
             start, end = (int(bound, 16) for bound in fields[0].split("-"))
-            ranges.append((start, end - start))
+            ranges.append((start, end - start, int(fields[2], 16), fields[5]))
     if not ranges:
         return 0
 
@@ -135,11 +139,13 @@ def page_out_own_files() -> int:
     left = ranges
     for _ in range(PAGEOUT_TRIES):
         _drain_each_cpu(advise, left[0][0])
-        advised.update(start for start, size in left if advise(start, size, MADV_PAGEOUT) == 0)
-        left = [(start, size) for start, size in left if _resident_pages(start, size)]
+        advised.update(start for start, size, *_ in left if advise(start, size, MADV_PAGEOUT) == 0)
+        left = [(start, size, *rest) for start, size, *rest in left if _resident_pages(start, size)]
         if not left:
             break
-    return sum(size for start, size in ranges if start in advised)
+        for _, size, offset, path in left:
+            _wait_for_writeback(path, offset, size)
+    return sum(size for start, size, _, _ in ranges if start in advised)
 
 
 # Drains and advice per call of page_out_own_files, at most.
@@ -159,6 +165,37 @@ def _drain_each_cpu(advise: Callable, address: int) -> None:
     finally:
         with contextlib.suppress(OSError):
             os.sched_setaffinity(0, cpus)
+
+
+# sync_file_range's flag that waits for the writeback already in flight, starting none.
+SYNC_FILE_RANGE_WAIT_BEFORE = 1
+
+
+def _wait_for_writeback(path: str, offset: int, size: int) -> None:
+    """Wait until no page of `path` from `offset` over `size` bytes is being written to disk
+    (a page under writeback cannot be paged out); nothing where that cannot be done."""
+    wait = _sync_file_range()
+    if wait is None:
+        return
+    try:
+        descriptor = os.open(path, os.O_RDONLY)
+    except OSError:  # removed since it was mapped ("path (deleted)")
+        return
+    try:
+        wait(descriptor, offset, size, SYNC_FILE_RANGE_WAIT_BEFORE)
+    finally:
+        os.close(descriptor)
+
+
+@cache
+def _sync_file_range():
+    """libc's sync_file_range on Linux, or None."""
+    wait = getattr(_linux_libc(), "sync_file_range", None)
+    if wait is None:
+        return None
+    wait.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+    wait.restype = ctypes.c_int
+    return wait
 
 
 def _resident_pages(start: int, size: int) -> int:
