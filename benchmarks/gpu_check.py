@@ -9,7 +9,7 @@ Two steps (docs/gpu.md gives the whole command):
 `run` needs benchmarks/harness.py beside this file (it imports numpy and the standard
 library only, and infertune where it writes the results).
 
-`prepare` writes infertune's wheel and six packages (infertune.package), each under 50 MB
+`prepare` writes infertune's wheel and seven packages (infertune.package), each under 50 MB
 so that each crosses an air gap in one transfer: the demo's small CNN (batch 1), MobileNetV2
 at 224 (random weights, batch-normalization statistics from one batch; batch 1 and 32), the
 demo's transformer encoder, the same encoder tuned at batch sizes 1, 8 and 32 (other shapes
@@ -18,9 +18,12 @@ on the GPU: the CUDA graph serves the sample's alone), the precision benchmark's
 calibration and gate data (ONNX Runtime's static int8 is then quantized on the GPU host,
 LiteRT's int8 conversions come in the package), and the same benchmark's MobileNetV2-style
 shapes classifier (trained, 64x64) with precision=("fp32", "fp16") and its gate, at batch 1
-and 32; the others but the int8 one allow fp16 too (judged by the agreement rule: no
-labelled data). Then it says how to bring onnxruntime-gpu's wheel (about 255 MB) in parts of
-at most 60 MB.
+and 32; a text encoder of free length (the demo's `text_encoder`, width 256, 4 blocks; token
+ids and a padding mask) packaged with `traffic=` (300 requests, lengths log-normal with median
+40, up to 256), so that the GPU host plans its buckets (a CUDA graph per bucket, TensorRT an
+engine per bucket) and times the plan against the best candidate at exact shapes; the others
+but the int8 one allow fp16 too (judged by the agreement rule: no labelled data). Then it
+says how to bring onnxruntime-gpu's wheel (about 255 MB) in parts of at most 60 MB.
 
 `run`, on the GPU host (Python 3.12, the NVIDIA driver, CUDA 13 and cuDNN as Python packages,
 no TensorFlow, no package index): tunes each package with the GPU candidates and the CPU ones
@@ -31,8 +34,9 @@ provider it really ran on (ONNX Runtime's `session.get_providers()`: a CUDA cand
 fell back to the CPU is `failed`, saying so), its error against the model's stored outputs,
 p50/p99 latency (every timed call ends with its outputs on the host), for a
 reduced-precision one its metric, drop and bound on the package's gate data, and the chosen
-one. It imports no TensorFlow (checked: it refuses to write results where TensorFlow was
-imported).
+one; for the package with traffic, the plan (each bucket's lengths, candidate and padding)
+and its time on held-out requests against the best candidate at exact shapes. It imports no
+TensorFlow (checked: it refuses to write results where TensorFlow was imported).
 """
 
 from __future__ import annotations
@@ -63,6 +67,8 @@ FP16_GATE_SAMPLES = 512  # of its gate split (64x64x3 images: the package stays 
 MAX_PACKAGE_MB = 50
 PART_MB = 60
 BATCH_SIZES = (1, 8, 32)  # the transformer packaged a second time, tuned per batch size
+TRAFFIC_MODEL = "text-encoder-traffic"  # free length, packaged with traffic=
+TRAFFIC = {"count": 300, "median": 40, "longest": 256}  # demo.text_traffic's lengths
 
 
 def prepare(out: Path) -> None:
@@ -71,7 +77,7 @@ def prepare(out: Path) -> None:
     import numpy as np
 
     import infertune
-    from infertune.demo import demo_model
+    from infertune.demo import demo_model, text_encoder, text_request, text_traffic
 
     out.mkdir(parents=True, exist_ok=True)
     wheels = out / "wheels"
@@ -102,6 +108,8 @@ def prepare(out: Path) -> None:
         FP16_MODEL, ("fp32", "fp16"), gate_samples=FP16_GATE_SAMPLES
     )
     options[f"{FP16_MODEL}-fp16"]["batch_sizes"] = (1, 32)
+    models[TRAFFIC_MODEL] = (text_encoder(width=256, blocks=4), text_request(TRAFFIC["median"]))
+    options[TRAFFIC_MODEL] = {"traffic": text_traffic(seed=1, **TRAFFIC)}
     for name, (model, sample) in models.items():
         path = out / "packages" / name
         start = time.perf_counter()
@@ -196,6 +204,7 @@ def run(packages: Path) -> dict:
             "chosen": opt.backend,
             "chosen_by_batch": opt.backends_by_batch,
             "batches": opt.report.to_dict().get("batches"),
+            "traffic": opt.report.traffic,  # the plan's figures (None without traffic=)
             "candidates": [
                 {
                     "name": c.name,
@@ -264,6 +273,28 @@ def table(summary: dict) -> dict:
     return harness.table(head, rows)
 
 
+def traffic_table(summary: dict) -> dict:
+    """Each package tuned with traffic=: its buckets (lengths, candidate, padded or own
+    length, p50 at the bound, share of the traffic), the candidate beyond them, and the plan
+    timed on held-out requests against the best candidate at exact shapes."""
+    from infertune.report.traffic import bucket_rows, held_out_words
+
+    rows = []
+    for name, entry in summary["packages"].items():
+        traffic = entry.get("traffic")
+        if not traffic:
+            continue
+        held = held_out_words(traffic) or "not timed"
+        for bucket in bucket_rows(traffic) or [None]:
+            if bucket is None:  # every request at its own length
+                rows.append([name, "all", entry["chosen"], "own length", "-", "-", held])
+                continue
+            p50, share = _number(bucket.p50_ms, ".3g"), _number(bucket.share, ".2f")
+            rows.append([name, bucket.lengths, bucket.candidate, bucket.runs_at, p50, share, held])
+    head = ["package", "lengths", "candidate", "runs at", "p50 ms", "share", "held out"]
+    return harness.table(head, rows, title="Buckets planned from the traffic")
+
+
 def main() -> int:
     parser = harness.parser(__doc__)
     verbs = parser.add_subparsers(dest="verb", required=True)
@@ -284,7 +315,7 @@ def main() -> int:
         notes="p50/p99 in ms, every timed call ending with its outputs on the host; error: "
         "the largest relative error against the outputs stored in the package.",
         rows=[{"package": name, **entry} for name, entry in summary["packages"].items()],
-        tables=[table(summary)],
+        tables=[table(summary), traffic_table(summary)],
         headline={name: entry.get("chosen") for name, entry in summary["packages"].items()},
         **summary,
     )
