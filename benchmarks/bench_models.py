@@ -13,7 +13,8 @@ What more than one script uses:
 * the shapes benchmark's models (benchmarks/shapes.py), whose requests come in many lengths
   or batch sizes, and the distributions their requests are drawn from
   (`SHAPES_DISTRIBUTIONS`): a text encoder and an audio model that take their padding
-  masks, a text encoder padding is not exact for, MobileNetV2 at many batch sizes.
+  masks, keras-hub's BertBackbone, a text encoder padding is not exact for, MobileNetV2 at
+  many batch sizes.
 
 A model only one script builds is built there. Imported as `bench_models` by the scripts
 beside it and as `benchmarks.bench_models` by the studies; TensorFlow, Keras and the
@@ -944,6 +945,40 @@ def token_request(rng: np.random.Generator, length: int, quick: bool, mask: bool
     if not mask:
         return ids
     return {"token_ids": ids, "padding_mask": np.ones((1, length), np.int32)}
+
+
+def keras_hub_bert(quick: bool):
+    """keras-hub's BertBackbone, the class BERT presets load into, with random weights (the
+    presets come from a model hub): `token_ids`, `segment_ids` and `padding_mask`, (batch,
+    length) int32 each, the mask given to every attention layer; 4 layers of width 768, 12
+    heads, feed-forward 3072, BERT's vocabulary, positions up to the longest document.
+    Outputs `sequence_output` (batch, length, 768) and `pooled_output`, the first token's
+    through a dense layer (batch, 768). --quick: width 32, 2 heads, feed-forward 64, 2
+    layers, vocabulary 1000."""
+    import keras
+    import keras_hub
+
+    vocabulary, width, heads, ff, blocks = (
+        (1000, 32, 2, 64, 2) if quick else (TEXT_VOCABULARY, 768, 12, 3072, 4)
+    )
+    keras.utils.set_random_seed(0)
+    return keras_hub.models.BertBackbone(
+        vocabulary_size=vocabulary, num_layers=blocks, num_heads=heads, hidden_dim=width,
+        intermediate_dim=ff,
+        max_sequence_length=SHAPES_DISTRIBUTIONS["documents"][int(quick)].high,
+    )  # fmt: skip
+
+
+def segment_pair_request(rng: np.random.Generator, length: int, quick: bool):
+    """One request for `keras_hub_bert`: `length` token ids as BERT's preprocessor packs a
+    pair of segments (the first half segment 0, the rest segment 1), every position real."""
+    segments = np.zeros((1, length), np.int32)
+    segments[:, length // 2 :] = 1
+    return {
+        "token_ids": rng.integers(1, text_vocabulary(quick), (1, length)).astype(np.int32),
+        "segment_ids": segments,
+        "padding_mask": np.ones((1, length), np.int32),
+    }
 
 
 def masked_audio_encoder(quick: bool):

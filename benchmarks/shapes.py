@@ -6,7 +6,9 @@ The cases (bench_models.py builds the models, random weights): `encoder-queries`
 `encoder-documents`, a BERT-sized text encoder that takes its padding mask (token_ids and
 padding_mask of any length; 4 blocks of width 768, 12 heads; outputs the sequence and its
 masked mean) under lengths drawn like search queries (log-normal, median 40, up to 256) and
-like documents (median 200, up to 512); `audio`, a model over a variable number of frames
+like documents (median 200, up to 512); `bert-queries`, keras-hub's BertBackbone (the class
+BERT presets load into; token_ids, segment_ids and padding_mask; 4 layers of width 768, 12
+heads) under the queries' lengths; `audio`, a model over a variable number of frames
 (features and frame_mask; Conv1D layers each multiplied by the mask, 2 masked attention
 blocks of width 256, masked mean; frames log-normal, median 300, up to 1000); `lossy`, a
 model padding is not exact for (Embedding(mask_zero=True), residuals written `x + a`: Keras 3
@@ -63,8 +65,8 @@ Targets (not checked under --quick):
 
 * every case: infertune traffic= at most 0.95x the mean latency of the best by-hand
   contender with no wrong result;
-* encoder-queries: infertune traffic= at least 3x faster than padding to the maximum (the
-  faster of ONNX Runtime and LiteRT padded to it);
+* encoder-queries, bert-queries: infertune traffic= at least 3x faster than padding to the
+  maximum (the faster of ONNX Runtime and LiteRT padded to it);
 * every case: optimize() with traffic= at most 2x optimize() at one shape;
 * every case: 0 wrong results from infertune (both contenders);
 * lossy: served at exact shapes, its "traffic:" note saying "padding not used";
@@ -75,7 +77,8 @@ Targets (not checked under --quick):
 `--runs` chooses what is measured: `latency` (the stream and the wrong results), `tuning`
 (optimize()'s times), `dispatch` and `serve`.
 
-    python benchmarks/shapes.py [--cases encoder-queries,encoder-documents,audio,lossy,batches]
+    python benchmarks/shapes.py [--cases encoder-queries,encoder-documents,bert-queries,audio,
+                                         lossy,batches]
                                 [--runs latency,tuning,dispatch,serve] [--requests 300]
                                 [--rounds 3]
                                 [--quick] [--out DIR]
@@ -140,6 +143,7 @@ def _each(request: Callable, **options) -> Callable[[np.random.Generator, Any, b
 
 MODELS = {
     "encoder": Model(bench_models.masked_text_encoder, _each(bench_models.token_request), 1, 3),
+    "bert": Model(bench_models.keras_hub_bert, _each(bench_models.segment_pair_request), 1, 3),
     "audio": Model(bench_models.masked_audio_encoder, _each(bench_models.frame_request), 1, None),
     "lossy": Model(
         bench_models.lossy_text_encoder, _each(bench_models.token_request, mask=False), 1, None
@@ -149,6 +153,7 @@ MODELS = {
 CASES = {  # case -> (model, distribution of SHAPES_DISTRIBUTIONS)
     "encoder-queries": ("encoder", "queries"),
     "encoder-documents": ("encoder", "documents"),
+    "bert-queries": ("bert", "queries"),
     "audio": ("audio", "frames"),
     "lossy": ("lossy", "queries"),
     "batches": ("batches", "batches"),
@@ -963,7 +968,7 @@ def check_targets(results: list[dict], dispatch: dict | None, quick: bool) -> li
                     + f"; target <= {TARGET_SPEED})",
                 )
             )
-            if r["distribution"] == "queries" and r["model"] == "encoder":
+            if r["distribution"] == "queries" and r["model"] in ("encoder", "bert"):
                 over = r["max_over_infertune"]
                 checks.append(
                     target(
