@@ -827,6 +827,7 @@ def warm_up_optimize(precision: tuple[str, ...] = ("fp32",), max_drop: float = 0
 VERSIONED = (
     "tensorflow", "keras", "tf2onnx", "onnx", "onnxruntime", "onnxruntime-gpu", "openvino",
     "nncf", "ai-edge-litert", "tensorrt", "cuda-python", "numpy", "ray", "scikit-learn",
+    "keras-hub",
 )  # fmt: skip
 
 
