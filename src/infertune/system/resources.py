@@ -112,11 +112,12 @@ def page_out_own_files() -> int:
     one-page advice runs on each CPU this thread may run on first (its affinity restored
     after), draining each one's batch. The kernel also skips a page being written to disk:
     a file just written (the flatbuffer, the external data) is written back within seconds,
-    and on ext4 a 1 MB or 64 MB file whose writeback had started stayed resident whole, the
-    likelier cause of the 16 KB of a flatbuffer left in one test-suite run in three with the
-    drains alone. So a mapping still resident after the advice (mincore) waits for its
-    file's writeback in flight (sync_file_range, which starts none) and is drained and
-    advised again, PAGEOUT_TRIES times in all."""
+    and on ext4 a 1 MB or 64 MB file whose writeback had started stayed resident whole: a
+    possible cause of the 16 KB of a flatbuffer left in one test-suite run in three with the
+    drains alone, which no run outside the suite has reproduced. So a mapping still
+    resident after the advice (mincore) waits for its file's writeback in flight
+    (sync_file_range, which starts none) and is drained and advised again, PAGEOUT_TRIES
+    times in all."""
     advise = _madvise()
     if advise is None:
         return 0
