@@ -9,6 +9,7 @@ mode, as for conftest.py). Fixtures stay in conftest.py; the test tiers (`slow`,
 from __future__ import annotations
 
 import importlib.util
+import os
 from pathlib import Path
 
 import numpy as np
@@ -219,6 +220,40 @@ def mapped_resident_bytes(path: str) -> int:
             elif inside and first == "Rss:":
                 resident += int(line.split()[1]) * 1024
     return resident
+
+
+def residency_detail(path: str) -> str:
+    """Why pages of `path` may still be resident, for a failing assertion's message: this
+    process's smaps entries of its mappings, the other processes that map it (a page mapped
+    by two is not paged out), and the machine's pages being written back (one under
+    writeback is not either)."""
+    lines, inside = [], False
+    with open("/proc/self/smaps") as smaps:
+        for line in smaps:
+            first = line.split(maxsplit=1)[0]
+            if "-" in first and not first.endswith(":"):
+                fields = line.split(maxsplit=5)
+                inside = len(fields) == 6 and fields[5].startswith(path)
+                if inside:
+                    lines.append(line.strip())
+            elif inside and first in ("Rss:", "Shared_Clean:", "Private_Clean:", "Private_Dirty:"):
+                lines.append("  " + " ".join(line.split()))
+    others = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        if int(pid) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{pid}/maps") as maps:
+                if any(path in line for line in maps):
+                    others.append(pid)
+        except OSError:
+            continue
+    writeback = ""
+    with open("/proc/meminfo") as meminfo:
+        writeback = " ".join(
+            " ".join(line.split()) for line in meminfo if line.startswith(("Dirty:", "Writeback:"))
+        )
+    return f"{path}: {lines}; mapped by other processes: {others or 'none'}; {writeback}"
 
 
 # A test of page residency runs twice: `residency` False in the unit tier (what must hold on

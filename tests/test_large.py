@@ -19,6 +19,7 @@ from helpers import (
     dense_model,
     mapped_resident_bytes,
     on_tmpfs,
+    residency_detail,
     residency_tiers,
     target_for,
     weight_copying,
@@ -478,7 +479,7 @@ def test_the_result_holds_no_page_of_its_weight_file_until_a_call_reads_it(large
     assert files and all(path.startswith(tempfile.gettempdir()) for path in files)
     for path in files:
         if residency and not on_tmpfs(path):
-            assert mapped_resident_bytes(path) == 0, path
+            assert mapped_resident_bytes(path) == 0, residency_detail(path)
     fresh = recommender_sample(np.random.default_rng(6), batch=3)
     expected, outputs = model(fresh), opt(fresh)
     for key in expected:
