@@ -207,19 +207,31 @@ def forced(model, sample, name: str, *, exact_shape: str | None = None, **option
 
 
 # -- page residency (Linux: /proc) ------------------------------------------------------------
-def mapped_resident_bytes(path: str) -> int:
-    """Resident bytes of this process's mappings of files whose path starts with `path`
-    (/proc/self/smaps; Linux)."""
-    resident, inside = 0, False
+def _smaps_of(path: str) -> list[tuple[str, dict[str, int]]]:
+    """This process's mappings of files whose path starts with `path`: each one's header
+    line and its fields in kB (/proc/self/smaps; Linux)."""
+    found: list[tuple[str, dict[str, int]]] = []
+    inside = False
     with open("/proc/self/smaps") as smaps:
         for line in smaps:
             first = line.split(maxsplit=1)[0]
             if "-" in first and not first.endswith(":"):  # a mapping's header line
                 fields = line.split(maxsplit=5)
                 inside = len(fields) == 6 and fields[5].startswith(path)
-            elif inside and first == "Rss:":
-                resident += int(line.split()[1]) * 1024
-    return resident
+                if inside:
+                    found.append((line.strip(), {}))
+            elif inside:  # "Rss:   16 kB"; VmFlags' letters are not kept
+                key, _, rest = line.partition(":")
+                value = rest.split()[:1]
+                if value and value[0].isdigit():
+                    found[-1][1][key] = int(value[0])
+    return found
+
+
+def mapped_resident_bytes(path: str) -> int:
+    """Resident bytes of this process's mappings of files whose path starts with `path`
+    (/proc/self/smaps; Linux)."""
+    return sum(fields.get("Rss", 0) * 1024 for _, fields in _smaps_of(path))
 
 
 def residency_detail(path: str) -> str:
@@ -227,17 +239,11 @@ def residency_detail(path: str) -> str:
     process's smaps entries of its mappings, the other processes that map it (a page mapped
     by two is not paged out), and the machine's pages being written back (one under
     writeback is not either)."""
-    lines, inside = [], False
-    with open("/proc/self/smaps") as smaps:
-        for line in smaps:
-            first = line.split(maxsplit=1)[0]
-            if "-" in first and not first.endswith(":"):
-                fields = line.split(maxsplit=5)
-                inside = len(fields) == 6 and fields[5].startswith(path)
-                if inside:
-                    lines.append(line.strip())
-            elif inside and first in ("Rss:", "Shared_Clean:", "Private_Clean:", "Private_Dirty:"):
-                lines.append("  " + " ".join(line.split()))
+    shown = ("Rss", "Shared_Clean", "Private_Clean", "Private_Dirty")
+    mappings = [
+        f"{header} " + " ".join(f"{key} {fields.get(key)} kB" for key in shown)
+        for header, fields in _smaps_of(path)
+    ]
     others = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
         if int(pid) == os.getpid():
@@ -248,12 +254,11 @@ def residency_detail(path: str) -> str:
                     others.append(pid)
         except OSError:
             continue
-    writeback = ""
     with open("/proc/meminfo") as meminfo:
         writeback = " ".join(
             " ".join(line.split()) for line in meminfo if line.startswith(("Dirty:", "Writeback:"))
         )
-    return f"{path}: {lines}; mapped by other processes: {others or 'none'}; {writeback}"
+    return f"{path}: {mappings}; mapped by other processes: {others or 'none'}; {writeback}"
 
 
 # A test of page residency runs twice: `residency` False in the unit tier (what must hold on
