@@ -20,7 +20,7 @@ import tempfile
 import threading
 from collections.abc import Callable
 from functools import cache
-from typing import TypeVar
+from typing import NamedTuple, TypeVar
 
 T = TypeVar("T")
 
@@ -127,26 +127,37 @@ def page_out_own_files() -> int:
             lines = maps.read().splitlines()
     except OSError:
         return 0
-    ranges = []  # (start, size, offset in the file, path)
+    mappings = []
     for line in lines:
         fields = line.split(maxsplit=5)
         if len(fields) == 6 and fields[5].startswith(prefix):
             start, end = (int(bound, 16) for bound in fields[0].split("-"))
-            ranges.append((start, end - start, int(fields[2], 16), fields[5]))
-    if not ranges:
+            mappings.append(_Mapping(start, end - start, int(fields[2], 16), fields[5]))
+    if not mappings:
         return 0
 
     advised: set[int] = set()  # the mappings' starts
-    left = ranges
-    for _ in range(PAGEOUT_TRIES):
-        _drain_each_cpu(advise, left[0][0])
-        advised.update(start for start, size, *_ in left if advise(start, size, MADV_PAGEOUT) == 0)
-        left = [(start, size, *rest) for start, size, *rest in left if _resident_pages(start, size)]
+    left = mappings
+    for attempt in range(PAGEOUT_TRIES):
+        if attempt:  # what stayed may be under writeback: wait for it before advising again
+            for mapping in left:
+                _wait_for_writeback(mapping.path, mapping.offset, mapping.size)
+        _drain_each_cpu(advise, left[0].start)
+        advised.update(m.start for m in left if advise(m.start, m.size, MADV_PAGEOUT) == 0)
+        left = [m for m in left if _resident_pages(m.start, m.size)]
         if not left:
             break
-        for _, size, offset, path in left:
-            _wait_for_writeback(path, offset, size)
-    return sum(size for start, size, _, _ in ranges if start in advised)
+    return sum(m.size for m in mappings if m.start in advised)
+
+
+class _Mapping(NamedTuple):
+    """A mapping of one of infertune's files: its address, its size, where in the file it
+    starts, and the file's path."""
+
+    start: int
+    size: int
+    offset: int
+    path: str
 
 
 # Drains and advice per call of page_out_own_files, at most.
