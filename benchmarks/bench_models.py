@@ -906,9 +906,7 @@ def masked_text_encoder(quick: bool):
     import keras
     from keras import layers, ops
 
-    vocabulary, width, heads, ff, blocks = (
-        (1000, 32, 2, 64, 2) if quick else (TEXT_VOCABULARY, 768, 12, 3072, 4)
-    )
+    vocabulary, width, heads, ff, blocks = text_encoder_sizes(quick)
     positions = SHAPES_DISTRIBUTIONS["documents"][int(quick)].high
 
     class PositionEmbedding(layers.Layer):
@@ -934,8 +932,14 @@ def masked_text_encoder(quick: bool):
     return keras.Model({"token_ids": ids, "padding_mask": mask}, outputs, name="encoder")
 
 
+def text_encoder_sizes(quick: bool) -> tuple[int, int, int, int, int]:
+    """The BERT-sized text encoders' vocabulary, width, heads, feed-forward width and blocks
+    (masked_text_encoder's and keras_hub_bert's); --quick's tiny ones."""
+    return (1000, 32, 2, 64, 2) if quick else (TEXT_VOCABULARY, 768, 12, 3072, 4)
+
+
 def text_vocabulary(quick: bool) -> int:
-    return 1000 if quick else TEXT_VOCABULARY
+    return text_encoder_sizes(quick)[0]
 
 
 def token_request(rng: np.random.Generator, length: int, quick: bool, mask: bool = True):
@@ -958,9 +962,7 @@ def keras_hub_bert(quick: bool):
     import keras
     import keras_hub
 
-    vocabulary, width, heads, ff, blocks = (
-        (1000, 32, 2, 64, 2) if quick else (TEXT_VOCABULARY, 768, 12, 3072, 4)
-    )
+    vocabulary, width, heads, ff, blocks = text_encoder_sizes(quick)
     keras.utils.set_random_seed(0)
     return keras_hub.models.BertBackbone(
         vocabulary_size=vocabulary, num_layers=blocks, num_heads=heads, hidden_dim=width,

@@ -285,10 +285,10 @@ def traffic_table(summary: dict) -> dict:
         if not traffic:
             continue
         held = held_out_words(traffic) or "not timed"
-        for bucket in bucket_rows(traffic) or [None]:
-            if bucket is None:  # every request at its own length
-                rows.append([name, "all", entry["chosen"], "own length", "-", "-", held])
-                continue
+        buckets = bucket_rows(traffic)
+        if not buckets:  # every request at its own length
+            rows.append([name, "all", entry["chosen"], "own length", "-", "-", held])
+        for bucket in buckets:
             p50, share = _number(bucket.p50_ms, ".3g"), _number(bucket.share, ".2f")
             rows.append([name, bucket.lengths, bucket.candidate, bucket.runs_at, p50, share, held])
     head = ["package", "lengths", "candidate", "runs at", "p50 ms", "share", "held out"]
