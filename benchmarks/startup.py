@@ -12,9 +12,14 @@ python benchmarks/startup.py [--model small-cnn] [--repeats 5] [--backends A,B] 
    tuning run, every candidate or --backends), then again in fresh processes (cache hits).
    Timed around the optimize() call only: TensorFlow's import and building the model are
    excluded.
+3. The first call after load(), per candidate: a result of each of --first-call-backends
+   alone on --first-call-model (MobileNetV2 by default), saved, then loaded in fresh
+   processes (the candidates in turn, --repeats rounds) and called FIRST_CALLS times: the
+   first call against the median of the others, in the same process.
 
-Results: docs/benchmarks/startup/<date>/ (--out). Target, reported (the exit code stays 0):
-a cache hit under 10% of the first optimize().
+Results: docs/benchmarks/startup/<date>/ (--out). Targets, reported (the exit code stays 0):
+a cache hit under 10% of the first optimize(); after load(), each candidate's first call
+within 2x of its next ones.
 """
 
 from __future__ import annotations
@@ -32,6 +37,9 @@ from harness import fresh_process
 
 BENCHMARK = "startup"
 CACHE_SHARE = 0.10  # a cache hit's optimize() under this share of the first one's
+FIRST_CALL_RATIO = 2.0  # after load(), the first call within this of the next ones' median
+FIRST_CALLS = 8  # calls timed after each load()
+FIRST_CALL_BACKENDS = "onnxruntime-cpu,openvino-cpu,litert,tf-function,tf-xla"
 
 DEPLOY = """
 import time
@@ -77,6 +85,61 @@ print(json.dumps({{"optimize_s": seconds, "from_cache": opt.report.from_cache,
 """
 
 
+FIRST_CALL = """
+import json, time
+import numpy as np
+import infertune
+x = np.random.default_rng(1).random({shape!r}, dtype=np.float32)
+start = time.perf_counter()
+opt = infertune.load({saved!r}, verbose=False)
+loaded = time.perf_counter()
+calls = []
+for _ in range({calls}):
+    begin = time.perf_counter()
+    opt(x)
+    calls.append(time.perf_counter() - begin)
+print(json.dumps({{"load_s": loaded - start, "calls_s": calls, "backend": opt.backend}}))
+"""
+
+
+def first_calls(model_name: str, backends: list[str], repeats: int, tmp: Path) -> list[dict]:
+    """Per candidate: a result of it alone, saved, loaded in `repeats` fresh processes (the
+    candidates in turn); load time, first call and the median of the next calls (medians
+    over the processes), and the first call's ratio to the next (the median of each
+    process's own ratio)."""
+    import infertune
+    from infertune.demo import demo_model
+
+    model, sample = demo_model(model_name)
+    saved = {}
+    for name in backends:
+        opt = infertune.optimize(model, sample, backends=[name], verbose=False)
+        saved[name] = opt.save(tmp / f"first-call-{name}")
+        opt.close()
+        harness.log("startup", f"{model_name}: saved a {name} result")
+    runs: dict[str, list[dict]] = {name: [] for name in backends}
+    code = {
+        name: FIRST_CALL.format(saved=str(path), shape=tuple(sample.shape), calls=FIRST_CALLS)
+        for name, path in saved.items()
+    }
+    for _ in range(repeats):
+        for name in backends:
+            runs[name].append(fresh_process(code[name]))
+    rows = []
+    for name, found in runs.items():
+        firsts = [run["calls_s"][0] for run in found]
+        nexts = [statistics.median(run["calls_s"][1:]) for run in found]
+        rows.append({
+            "candidate": name,
+            "load_s": statistics.median(run["load_s"] for run in found),
+            "first_call_ms": 1e3 * statistics.median(firsts),
+            "next_calls_ms": 1e3 * statistics.median(nexts),
+            "first_over_next": statistics.median(f / n for f, n in zip(firsts, nexts)),
+            "first_over_next_per_process": [f / n for f, n in zip(firsts, nexts)],
+        })  # fmt: skip
+    return rows
+
+
 def median_of(runs: list[dict]) -> dict:
     keys = [k for k, v in runs[0].items() if isinstance(v, float)]
     summary = {k: statistics.median(run[k] for run in runs) for k in keys}
@@ -113,7 +176,18 @@ def tables(results: dict) -> list[dict]:
         f"Tuning cache, {results['model']} (TensorFlow's import and the model build excluded; "
         f"cache hits: median of {results['cache_hits']} fresh processes):",
     )  # fmt: skip
-    return [startup, cache]
+    first = harness.table(
+        ["candidate", "load() s", "1st call ms", "next calls ms", "1st / next"],
+        [
+            [r["candidate"], f"{r['load_s']:.3f}", f"{r['first_call_ms']:.2f}",
+             f"{r['next_calls_ms']:.2f}", f"{r['first_over_next']:.2f}x"]
+            for r in results["first_calls"]
+        ],
+        f"The first call after load(), {results['first_call_model']}, a result of each "
+        f"candidate alone, medians of {results['repeats']} fresh processes (next calls: the "
+        f"median of the {FIRST_CALLS - 1} after the first):",
+    )  # fmt: skip
+    return [startup, cache, first]
 
 
 def main() -> int:
@@ -121,6 +195,8 @@ def main() -> int:
     parser.add_argument("--model", default="small-cnn")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--backends", help="candidates for the cache runs (default: all)")
+    parser.add_argument("--first-call-model", default="mobilenet-v2")
+    parser.add_argument("--first-call-backends", default=FIRST_CALL_BACKENDS)
     args = parser.parse_args()
 
     import infertune
@@ -146,6 +222,8 @@ def main() -> int:
         tune = TUNE.format(model=args.model, cache=str(tmp / "cache"), backends=backends)
         first = fresh_process(tune)
         hits = [fresh_process(tune) for _ in range(max(3, args.repeats // 2))]
+        first_call_backends = args.first_call_backends.split(",")
+        first_call_rows = first_calls(args.first_call_model, first_call_backends, args.repeats, tmp)
 
     d, k = median_of(deploy), median_of(keras_runs)
     hit_s = statistics.median(run["optimize_s"] for run in hits)
@@ -164,6 +242,8 @@ def main() -> int:
         "cache_hits": len(hits),
         "cache_hits_all_from_cache": all(run["from_cache"] for run in hits),
         "cache_hit_share_of_first": hit_s / first["optimize_s"],
+        "first_call_model": args.first_call_model,
+        "first_calls": first_call_rows,
     }
     share = results["cache_hit_share_of_first"]
     targets = [
@@ -174,6 +254,16 @@ def main() -> int:
             f"{first['optimize_s']:.2f} s (under {CACHE_SHARE:.0%})",
         )
     ]  # fmt: skip
+    for row in first_call_rows:
+        ratio = row["first_over_next"]
+        targets.append(
+            harness.target(
+                f"after load(), {row['candidate']}'s first call against its next",
+                f"<= {FIRST_CALL_RATIO:g}x", ratio, ratio <= FIRST_CALL_RATIO,
+                f"{row['candidate']}: first call {row['first_call_ms']:.2f} ms, next "
+                f"{row['next_calls_ms']:.2f} ms ({ratio:.2f}x)",
+            )
+        )  # fmt: skip
     notes = (
         f"infertune.load is {results['startup_speedup_in_process']:.1f}x faster in process, "
         f"{results['startup_speedup_process_wall']:.1f}x by process wall time; TensorFlow "
@@ -190,6 +280,9 @@ def main() -> int:
             "startup speed-up in process": results["startup_speedup_in_process"],
             "startup speed-up by process wall time": results["startup_speedup_process_wall"],
             "cache hit share of the first optimize()": share,
+            "largest first call after load() over the next": max(
+                row["first_over_next"] for row in first_call_rows
+            ),
         },
     )
     harness.publish(data, args.out, args.json)

@@ -131,6 +131,10 @@ def test_save_load_and_cache_keep_the_choice_per_batch_size(registered, tmp_path
     model, opt, _, _ = _tuned()
     loaded = infertune.load(opt.save(tmp_path / "saved"), verbose=False)
     assert loaded.backends_by_batch == opt.backends_by_batch
+    # Warmed before the first call: each candidate once at each batch size it serves.
+    calls = {b.name: sorted(b.calls) for b in loaded.backends}
+    for size, name in loaded.backends_by_batch.items():
+        assert size in calls[name], (size, calls)
     for batch in (2, 64):
         x = _sample(batch, seed=batch)
         np.testing.assert_allclose(loaded(x), model(x).numpy(), rtol=1e-5, atol=1e-6)

@@ -172,6 +172,9 @@ def test_a_saved_bucketed_result_loads_and_serves_threads(encoder, tmp_path):
     note = next(n for n in opt.report.notes if n.startswith("traffic:"))
     assert "80 requests" in note
     loaded = infertune.load(opt.save(tmp_path / "saved"), verbose=False)
+    paths = len(opt.report.traffic["buckets"]) + 1  # each bucket, and longer requests
+    warmed = next(n for n in loaded.report.notes if n.startswith("warmed up"))
+    assert f": {paths} call path" in warmed and "failed" not in warmed, warmed
     lengths = [2, 6, 11, 19, 33, 47, 90]  # 90: longer than any request seen
     requests = [request(n, seed=n) for n in lengths for _ in range(4)]
     results: dict[int, dict] = {}
@@ -343,6 +346,83 @@ def test_litert_buckets_keep_interpreters_of_their_own_shapes(encoder):
         _close({"pooled": pooled, "sequence": sequence}, encoder, x)
     shapes = [pool.idle[0].shapes for pool in backend._bucket_pools]
     assert shapes == [[(1, 8), (1, 8)], [(1, 20), (1, 20)]]
+
+
+def _choice_of(target, general, buckets):
+    """The choice optimize() would return with these buckets (the outputs observed on the
+    sample by `general`)."""
+    from infertune.model.outputs import OutputSignature
+    from infertune.result.choice import Choice
+
+    sample = target.signature.random_inputs(np.random.default_rng(0))
+    outputs = OutputSignature.observed(target.output_structure, [general.run(sample)], True)
+    return Choice(general, target.signature, outputs, buckets=buckets)
+
+
+@pytest.mark.skipif(
+    __import__("importlib").util.find_spec("ai_edge_litert") is None, reason="LiteRT"
+)
+def test_warm_up_allocates_each_buckets_interpreters_at_its_bound_before_any_request(encoder):
+    """What load(), a tuning-cache hit and a served model do before their first request
+    (calling.warm_up): each padded bucket's own interpreters are allocated at its bound, not
+    at the bucket's first request."""
+    from helpers import target_for
+
+    from infertune.backends.litert.backend import LiteRT
+    from infertune.backends.onnxruntime.cpu import OnnxRuntimeCpu
+    from infertune.model.traffic import FreeDim
+    from infertune.result.calling import warm_up
+
+    target = target_for(encoder, request(8))
+    litert, free = LiteRT(), OnnxRuntimeCpu()
+    for backend in (litert, free):
+        backend.prepare(target)
+    buckets = Buckets(
+        FreeDim("length", ((0, 1), (1, 1))),
+        [Bucket(12, litert, True), Bucket(20, litert, True), Bucket(40, free, False)],
+        free, pad_values_for(0, target.signature), ((1, 1),),
+    )  # fmt: skip
+    buckets.run  # noqa: B018 (the dispatch built, as a call path builds it: no call yet)
+    before = [pool.idle[0].shapes for pool in litert._bucket_pools]
+    assert before == [[], []]  # opened, allocated at no shape yet
+    note = warm_up(_choice_of(target, free, buckets))
+    assert note.startswith("warmed up before the first call: 4 call paths in ")
+    shapes = [pool.idle[0].shapes for pool in litert._bucket_pools]
+    assert shapes == [[(1, 12), (1, 12)], [(1, 20), (1, 20)]]
+    assert [len(pool.idle) for pool in litert._bucket_pools] == [1, 1]
+
+
+def test_a_failing_warm_up_call_is_named_and_warned_about_and_the_rest_still_run(encoder):
+    """A path whose warm-up call raises (here a request at a length its runtime refuses) is
+    named in the note and a warning; the paths after it are still run."""
+    from helpers import target_for
+
+    from infertune.backends.onnxruntime.cpu import OnnxRuntimeCpu
+    from infertune.model.traffic import FreeDim
+    from infertune.result.calling import warm_up
+
+    target = target_for(encoder, request(8))
+    free = OnnxRuntimeCpu()
+    free.prepare(target)
+    calls = []
+
+    def refusing(flat):
+        calls.append(flat[0].shape)
+        if flat[0].shape[1] == 12:
+            raise ValueError("length 12 is outside the profile")
+        return OnnxRuntimeCpu.run(free, flat)
+
+    free.run = refusing
+    buckets = Buckets(
+        FreeDim("length", ((0, 1), (1, 1))), [Bucket(12, free, True), Bucket(20, free, True)],
+        free, pad_values_for(0, target.signature), ((1, 1),),
+    )  # fmt: skip
+    choice = _choice_of(target, free, buckets)
+    calls.clear()
+    with pytest.warns(UserWarning, match="the bucket up to 12: ValueError: length 12 is out"):
+        note = warm_up(choice)
+    assert "(the warm-up call failed for the bucket up to 12: ValueError" in note
+    assert calls == [(1, 12), (1, 20), (1, 8)]  # every path, the failed one included
 
 
 @pytest.mark.slow

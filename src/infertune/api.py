@@ -30,6 +30,7 @@ from .pipeline.packaging import (
 from .pipeline.tune import load_for_tuning, read_data, tune
 from .report.progress import Progress
 from .result.cache import CacheEntry
+from .result.calling import warm_up
 from .result.saved import open_saved, restore
 from .system.paths import user_path
 from .system.resources import (
@@ -231,7 +232,8 @@ def load(
     on_mismatch: str = "raise",
     verbose: bool = True,
 ) -> Optimized:
-    """Restore a result saved with `Optimized.save(path)`: no tuning, no conversion.
+    """Restore a result saved with `Optimized.save(path)`: no tuning, no conversion. Every
+    call path is run once before it returns, so that the first call costs what the next do.
 
     Args:
         path: the directory save() wrote (`~` is expanded).
@@ -272,10 +274,12 @@ def load(
         if retune:
             return _retune(saved.manifest, model, sample_input, str(exc), verbose)
         raise
+    warmed = warm_up(choice)
     report.notes.append(
         f"loaded from '{saved.path}' in {time.perf_counter() - start:.2f} s (saved "
         f"{saved.manifest.get('saved_at', '?')}); not tuned again"
     )
+    report.notes.append(warmed)
     if changes:
         words = "; ".join(changes)
         report.notes.append(f"tuned in another environment: {words}")

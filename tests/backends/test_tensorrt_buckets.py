@@ -200,6 +200,41 @@ def test_a_bucket_of_the_tensorrt_provider_gets_a_session_for_its_length(encoder
     assert backend._bucket_sessions == []
 
 
+def test_warm_up_opens_each_buckets_engine_before_the_first_request(encoder):
+    """load(), a tuning-cache hit and a served model warm every call path before their
+    first request (calling.warm_up): each padded bucket's engine is opened then (read from
+    the engine cache, or built there on a host whose cache lacks it), not inside a
+    request."""
+    from helpers import target_for
+
+    from infertune.backends.onnxruntime.cpu import OnnxRuntimeCpu
+    from infertune.model.outputs import OutputSignature
+    from infertune.model.traffic import FreeDim
+    from infertune.pipeline.padding import pad_values_for
+    from infertune.result.buckets import Bucket, Buckets
+    from infertune.result.calling import warm_up
+    from infertune.result.choice import Choice
+
+    target = target_for(encoder, request(8))
+    engine, free = EngineOnCpu(), OnnxRuntimeCpu()
+    for backend in (engine, free):
+        backend.prepare(target)
+    signature = target.signature
+    buckets = Buckets(
+        FreeDim("length", ((0, 1), (1, 1))), [Bucket(16, engine, True), Bucket(32, engine, True)],
+        free, pad_values_for(0, signature), ((1, 1),),
+    )  # fmt: skip
+    sample = signature.random_inputs(np.random.default_rng(0))
+    outputs = OutputSignature.observed(target.output_structure, [free.run(sample)], True)
+    warm_up(Choice(free, signature, outputs, buckets=buckets))
+    main = engine._profile
+    assert engine.opened == [main, main.at_shapes([(1, 16)] * 2), main.at_shapes([(1, 32)] * 2)]
+    x = request(30, seed=3)
+    got = buckets.run(signature.flatten(x))
+    _matches(got, encoder, x)
+    assert len(engine.opened) == 3  # the request opened no engine
+
+
 def _tuned_on_traffic(encoder, engine: EngineOnCpu):
     """optimize(traffic=80 requests) with `engine` and a slower candidate that runs any
     length (4 ms a call), in this process: the fake engine is not a registered name."""

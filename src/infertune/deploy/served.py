@@ -27,7 +27,7 @@ import numpy as np
 from ..errors import EnvironmentMismatchError, InputError, closed_call
 from ..model.outputs import TensorSpec
 from ..result.buckets import padded, sliced_back
-from ..result.calling import flat_runner
+from ..result.calling import flat_runner, warm_up
 from ..result.saved import open_saved, restore
 from ..system.paths import user_path
 
@@ -41,8 +41,9 @@ class ServedModel:
     accepted) are the saved input and output signatures. A request's checked arrays go to
     the runtime through the saved choice directly (the exact-shape path, the candidate for
     the batch size), flat: nothing is rebuilt into the model's own form and flattened again.
-    Loading runs the model once on random inputs drawn like the tuning sample, so that the
-    first request does not pay for the runtime's warm-up.
+    Loading runs each call path once on random inputs drawn like the tuning sample (every
+    bucket at its bound, every tuned batch size: calling.warm_up), so that no first request
+    pays for a runtime's warm-up.
     """
 
     def __init__(self, path: str | os.PathLike):
@@ -69,7 +70,7 @@ class ServedModel:
         self.outputs = list(self._choice.outputs.specs)
         self.batch_is_dynamic = signature.batch_is_dynamic
         self._run = flat_runner(self._choice)
-        self.run(signature.random_inputs(np.random.default_rng(0)))  # the runtime's warm-up
+        self.report.notes.append(warm_up(self._choice))
         # Requests can share one run when every output is batched along axis 0 with the inputs.
         self.batches_requests = self.batch_is_dynamic and all(
             spec.shape and spec.shape[0] is None for spec in self.outputs

@@ -62,6 +62,7 @@ from ..system.environment import (
     collect_environment,
     fingerprint,
 )
+from .calling import warm_up
 from .choice import Choice
 from .saved import (
     FORMAT_VERSION,
@@ -159,6 +160,7 @@ class CacheEntry:
             f"checked against the model on the sample (relative error {found.max_rel_err:.1e}); "
             f"tuned {_saved_at(self.path)} in {report.total_s:.1f} s"
         )
+        report.notes.append(warm_up(choice))
         progress.say(f"tuning cache hit: {choice.selected.name} from {self.path}")
         return choice, report, saved
 

@@ -2,9 +2,9 @@
 
 `call_path(choice)` takes the model's own input form (an array, a list, a dict) and returns
 its output form; `flat_runner(choice)` takes flat arrays already checked (a served request)
-and returns flat arrays. Each adds as little as it can over calling the chosen runtime: the
-common forms are checked in a few comparisons, and nothing is converted the runtime does not
-need.
+and returns flat arrays; `warm_up(choice)` runs every path once before the first request.
+Each adds as little as it can over calling the chosen runtime: the common forms are checked
+in a few comparisons, and nothing is converted the runtime does not need.
 
 Nothing here checks whether the result was closed: Optimized.close() swaps its call path for
 one that raises, and each backend's close() cuts what its runners hold of the runtime, so a
@@ -13,17 +13,20 @@ path built here and kept past close() holds no session and fails instead of runn
 
 from __future__ import annotations
 
+import time
+import warnings
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from ..backends.base import Backend
+from ..errors import one_line
 from ..model.inputs import InputSignature
 from ..model.structure import Structure
 from .choice import Choice
 
-__all__ = ["call_path", "flat_runner"]
+__all__ = ["call_path", "flat_runner", "warm_up"]
 
 
 def call_path(choice: Choice) -> Callable[[Any], Any]:
@@ -60,6 +63,53 @@ def flat_runner(choice: Choice) -> Callable[[list[np.ndarray]], list[np.ndarray]
         return general(flat)
 
     return run
+
+
+def warm_up(choice: Choice) -> str:
+    """Every way a call can go, run once on inputs drawn like the sample, so that no request
+    pays a runtime's first call: a session's allocations, a trace, an XLA compile, and with
+    buckets each bucket's own state at its bound (LiteRT interpreters, CUDA graphs, a
+    TensorRT engine, read from the engine cache or built here). What load(), a tuning-cache
+    hit and a served model do before they answer; optimize()'s own result has run every path
+    already. Returns the note the report keeps. A path whose call fails is named there and
+    warned about (its requests may fail too); the result is returned all the same."""
+    signature = choice.inputs
+    rng = np.random.default_rng(0)
+    sample = signature.random_inputs(rng)
+    calls: list[tuple[str, Callable[[list[np.ndarray]], list[np.ndarray]], list]] = []
+    buckets = choice.buckets
+    if buckets is not None:
+        for bucket in buckets.buckets:
+            shapes = [list(shape) for shape in signature.sample_shapes]
+            for i, axis in buckets.dim.members:
+                shapes[i][axis] = bucket.upper
+            x = signature.random_inputs(rng, shapes=[tuple(shape) for shape in shapes])
+            calls.append((f"the bucket up to {bucket.upper}", buckets.run, x))
+        label = "longer requests" if buckets.buckets else "the sample's shapes"
+        calls.append((label, buckets.beyond.run, sample))
+    else:
+        calls.append(("the sample's shapes", flat_runner(choice), sample))
+        if choice.exact_shape is not None:
+            calls.append(("other shapes", _general_run(choice), sample))
+        for size, backend in (choice.by_batch or {}).items():
+            calls.append((f"batch {size}", backend.run, signature.random_inputs(rng, size)))
+    start = time.perf_counter()
+    failed = []
+    for label, run, x in calls:
+        try:
+            run(x)
+        except Exception as exc:
+            failed.append(f"{label}: {one_line(exc)}")
+    words = (
+        f"warmed up before the first call: {len(calls)} call "
+        f"{'path' if len(calls) == 1 else 'paths'} in {time.perf_counter() - start:.2f} s"
+    )
+    if failed:
+        problem = f"the warm-up call failed for {'; '.join(failed)}"
+        warnings.warn(f"{problem}: the first such request pays the runtime's first call, or "
+                      f"fails as it did.", UserWarning, stacklevel=3)  # fmt: skip
+        words += f" ({problem})"
+    return words
 
 
 def _through_buckets(
