@@ -195,6 +195,8 @@ def binary_request(blob: bytes, shape: list[int], size: int | None = None) -> tu
 
 def test_string_inputs_as_json_and_binary_bytes_tensors(text_saved):
     model = ServedModel(text_saved)
+    warmed = [n for n in model.report.notes if n.startswith("warmed up before the first call")]
+    assert warmed and "failed" not in warmed[0], model.report.notes  # on random strings
     metadata = model_metadata(model, "text")
     assert metadata["inputs"] == [{"name": "x", "datatype": "BYTES", "shape": [-1, 1]}]
     assert metadata["outputs"] == [{"name": "output", "datatype": "FP32", "shape": [-1, 3]}]
