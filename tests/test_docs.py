@@ -269,6 +269,8 @@ def _close_documents():
     yield
     for run in RUNS:
         run.close()
+    if "ray" in sys.modules:  # it keeps token mode: a later Ray of this process needs the token
+        return
     for key, value in _RAY_AUTH_SET.items():
         if os.environ.get(key) == value:
             del os.environ[key]

@@ -106,10 +106,9 @@ def local_ray():
     had_ray_home = ray_home.exists()
     # Ray puts unix sockets under its temp dir: keep the path short (108 bytes at most).
     temp_dir = tempfile.mkdtemp(prefix="ray-", dir="/tmp")
-    context = ray.init(num_cpus=2, _temp_dir=temp_dir, include_dashboard=False,
+    try:  # a start that fails leaves nothing behind either
+        yield ray.init(num_cpus=2, _temp_dir=temp_dir, include_dashboard=False,
                        _node_ip_address="127.0.0.1", logging_level=logging.WARNING)  # fmt: skip
-    try:
-        yield context
     finally:
         started = _descendants(os.getpid())
         ray.shutdown()
