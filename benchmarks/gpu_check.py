@@ -34,9 +34,12 @@ provider it really ran on (ONNX Runtime's `session.get_providers()`: a CUDA cand
 fell back to the CPU is `failed`, saying so), its error against the model's stored outputs,
 p50/p99 latency (every timed call ends with its outputs on the host), for a
 reduced-precision one its metric, drop and bound on the package's gate data, and the chosen
-one; for the package with traffic, the plan (each bucket's lengths, candidate and padding)
-and its time on held-out requests against the best candidate at exact shapes. It imports no
-TensorFlow (checked: it refuses to write results where TensorFlow was imported).
+one; for the package with traffic, the plan (each bucket's lengths, candidate and padding),
+its time on held-out requests against the best candidate at exact shapes, and the result
+saved and loaded again: `load()` warms every call path (each bucket's CUDA graphs or
+TensorRT engine made there), so a request at each bucket's bound, timed three times, should
+cost at its first call what it costs at the next. It imports no TensorFlow (checked: it
+refuses to write results where TensorFlow was imported).
 """
 
 from __future__ import annotations
@@ -205,6 +208,7 @@ def run(packages: Path) -> dict:
             "chosen_by_batch": opt.backends_by_batch,
             "batches": opt.report.to_dict().get("batches"),
             "traffic": opt.report.traffic,  # the plan's figures (None without traffic=)
+            "after_load": _after_load_or_error(opt, path.name) if opt.report.traffic else None,
             "candidates": [
                 {
                     "name": c.name,
@@ -235,6 +239,49 @@ def run(packages: Path) -> dict:
     if "tensorflow" in sys.modules and sys.modules["tensorflow"] is not None:
         raise SystemExit("TensorFlow was imported: the check must run without it")
     return summary
+
+
+def after_load(opt, name: str) -> dict:
+    """The result saved and loaded again (load() warms every call path), then a request at
+    each bucket's bound (or the sample's length, without buckets) timed three times: load's
+    seconds and each request's first call against the median of the next two, in ms."""
+    import statistics
+    import tempfile
+
+    import numpy as np
+
+    import infertune
+    from infertune.result.calling import flat_runner
+
+    with tempfile.TemporaryDirectory(prefix=f"gpu-check-{name}-") as directory:
+        start = time.perf_counter()
+        loaded = infertune.load(opt.save(Path(directory) / "saved"), verbose=False)
+        load_s = time.perf_counter() - start
+        choice = loaded._choice
+        signature, buckets = choice.inputs, choice.buckets
+        uppers = [b.upper for b in buckets.buckets] if buckets is not None else []
+        run, rng, rows = flat_runner(choice), np.random.default_rng(0), []
+        for upper in uppers or [None]:
+            shapes = [list(shape) for shape in signature.sample_shapes]
+            for i, axis in buckets.dim.members if upper is not None else ():
+                shapes[i][axis] = upper
+            x = signature.random_inputs(rng, shapes=[tuple(shape) for shape in shapes])
+            times = []
+            for _ in range(3):
+                begin = time.perf_counter()
+                run(x)
+                times.append(1e3 * (time.perf_counter() - begin))
+            rows.append({"length": upper or "sample", "first_ms": times[0],
+                         "next_ms": statistics.median(times[1:])})  # fmt: skip
+        loaded.close()
+    return {"load_s": round(load_s, 2), "requests": rows}
+
+
+def _after_load_or_error(opt, name: str) -> dict:
+    try:
+        return after_load(opt, name)
+    except Exception as exc:  # the package's tuning stands; this part says what failed
+        return {"error": f"{type(exc).__name__}: {exc}"}
 
 
 def _number(value, form: str) -> str:
@@ -295,6 +342,24 @@ def traffic_table(summary: dict) -> dict:
     return harness.table(head, rows, title="Buckets planned from the traffic")
 
 
+def after_load_table(summary: dict) -> dict:
+    """Each package tuned with traffic=, saved and loaded again: a request at each bucket's
+    bound, its first call against its next ones."""
+    rows = []
+    for name, entry in summary["packages"].items():
+        found = entry.get("after_load") or {}
+        if "error" in found:
+            rows.append([name, "-", "-", "-", "-", found["error"][:300]])
+        for request in found.get("requests", []):
+            first, later = request["first_ms"], request["next_ms"]
+            rows.append([
+                name, _number(found["load_s"], ".2f"), request["length"],
+                _number(first, ".3g"), _number(later, ".3g"), _number(first / later, ".2f"),
+            ])  # fmt: skip
+    head = ["package", "load() s", "length", "1st call ms", "next ms", "1st / next"]
+    return harness.table(head, rows, title="After load(): a request at each bucket's bound")
+
+
 def main() -> int:
     parser = harness.parser(__doc__)
     verbs = parser.add_subparsers(dest="verb", required=True)
@@ -315,7 +380,7 @@ def main() -> int:
         notes="p50/p99 in ms, every timed call ending with its outputs on the host; error: "
         "the largest relative error against the outputs stored in the package.",
         rows=[{"package": name, **entry} for name, entry in summary["packages"].items()],
-        tables=[table(summary), traffic_table(summary)],
+        tables=[table(summary), traffic_table(summary), after_load_table(summary)],
         headline={name: entry.get("chosen") for name, entry in summary["packages"].items()},
         **summary,
     )
