@@ -165,6 +165,27 @@ def test_a_candidate_ten_times_behind_leaves_after_the_first_round():
     assert result.stats["compiled"].rounds > 1
 
 
+def test_one_call_that_waits_for_the_scheduler_does_not_send_a_candidate_out_of_the_rounds():
+    """A runtime's first calls after its workers went to sleep can each wait for the
+    scheduler's next tick (ONNX Runtime's parallel mode: 8 ms where a call takes 0.13). Its
+    first block holds three calls at least, so two such calls (the untimed one that opens the
+    block, then one timed) do not make it look 40x slower than it is, and it stays in."""
+    calls = {"n": 0}
+    normal, stalled = _busy(0.0005), _busy(0.02)
+
+    def wakes_slowly():
+        calls["n"] += 1
+        (stalled if calls["n"] <= 2 else normal)()
+
+    runners = {"wakes-slowly": wakes_slowly, "steady": _busy(0.0005)}
+    result = measure_interleaved(
+        runners, budget_s=0.2, block_s=0.01, per_call_estimate_s={"wakes-slowly": 0.02},
+        min_rounds=2,
+    )  # fmt: skip
+    assert result.stats["wakes-slowly"].left_after is None
+    assert result.stats["wakes-slowly"].rounds >= 2
+
+
 @pytest.mark.timing
 def test_a_choice_already_decided_stops_the_rounds():
     """ "lead" is steady and about 1.5x ahead of "wobbly" in every round, whose own rounds never

@@ -220,6 +220,8 @@ def _measure(
         shift = rounds % len(order)
         for name in order[shift:] + order[:shift]:
             calls = max(1, min(1000, int(block_s / max(estimate.get(name, block_s), 1e-7))))
+            if not rounds:  # the first round's ratio (FIRST_ROUND_RATIO) rests on a few calls
+                calls = max(calls, FIRST_ROUND_CALLS)
             try:
                 block, wall = pool.block(runners[name], calls, _BLOCK_OVERRUN * block_s)
             except Exception as exc:  # a runtime failing mid-measurement is reported, not raised
@@ -374,6 +376,12 @@ EARLY_RACE_RATIO = 3.0  # over the first RACE_ROUNDS - 1 rounds (two at least)
 # candidates it cannot beat, and no load spike makes a runtime 10x slower than it is in both
 # a round's median and its mean.
 FIRST_ROUND_RATIO = 10.0
+# Calls in each candidate's first block at least (the block's cap, five times its planned
+# length, still ends a slow one after a call): a call can wait whole scheduler ticks (4 ms
+# here) where a runtime's workers go from spinning to sleep. On a keras-hub BERT of 0.1 ms a
+# call, `onnxruntime-cpu:parallel` (0.13 ms alone) had one call in its first block, from a
+# first estimate over 10 ms, and left the rounds on it: its p50 in the report that one call.
+FIRST_ROUND_CALLS = 3
 
 
 def _far_behind(
