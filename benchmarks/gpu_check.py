@@ -251,6 +251,7 @@ def after_load(opt, name: str) -> dict:
     import numpy as np
 
     import infertune
+    from infertune.model.traffic import shapes_at
     from infertune.result.calling import flat_runner
 
     with tempfile.TemporaryDirectory(prefix=f"gpu-check-{name}-") as directory:
@@ -262,10 +263,8 @@ def after_load(opt, name: str) -> dict:
         uppers = [b.upper for b in buckets.buckets] if buckets is not None else []
         run, rng, rows = flat_runner(choice), np.random.default_rng(0), []
         for upper in uppers or [None]:
-            shapes = [list(shape) for shape in signature.sample_shapes]
-            for i, axis in buckets.dim.members if upper is not None else ():
-                shapes[i][axis] = upper
-            x = signature.random_inputs(rng, shapes=[tuple(shape) for shape in shapes])
+            shapes = shapes_at(signature, [buckets.dim], None, [upper]) if upper else None
+            x = signature.random_inputs(rng, shapes=shapes)
             times = []
             for _ in range(3):
                 begin = time.perf_counter()

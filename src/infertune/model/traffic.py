@@ -103,10 +103,10 @@ class Traffic:
 
 
 def shapes_at(
-    signature: InputSignature, dims: Sequence[FreeDim], batch: int, sizes: Sequence[int]
+    signature: InputSignature, dims: Sequence[FreeDim], batch: int | None, sizes: Sequence[int]
 ) -> list[tuple[int, ...]]:
-    """The flat input shapes of a request of `batch` rows and these sizes of `dims`: the
-    sample's shapes with the batch and each dimension's members set."""
+    """The flat input shapes of a request of `batch` rows (None: the sample's) and these sizes
+    of `dims`: the sample's shapes with the batch and each dimension's members set."""
     shapes = [list(shape) for shape in signature.concrete_shapes(batch)]
     for dim, size in zip(dims, sizes):
         for i, axis in dim.members:

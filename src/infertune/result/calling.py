@@ -24,6 +24,7 @@ from ..backends.base import Backend
 from ..errors import one_line
 from ..model.inputs import InputSignature
 from ..model.structure import Structure
+from ..model.traffic import shapes_at
 from .choice import Choice
 
 __all__ = ["call_path", "flat_runner", "warm_up"]
@@ -80,10 +81,8 @@ def warm_up(choice: Choice) -> str:
     buckets = choice.buckets
     if buckets is not None:
         for bucket in buckets.buckets:
-            shapes = [list(shape) for shape in signature.sample_shapes]
-            for i, axis in buckets.dim.members:
-                shapes[i][axis] = bucket.upper
-            x = signature.random_inputs(rng, shapes=[tuple(shape) for shape in shapes])
+            shapes = shapes_at(signature, [buckets.dim], None, [bucket.upper])
+            x = signature.random_inputs(rng, shapes=shapes)
             calls.append((f"the bucket up to {bucket.upper}", buckets.run, x))
         label = "longer requests" if buckets.buckets else "the sample's shapes"
         calls.append((label, buckets.beyond.run, sample))
