@@ -187,6 +187,19 @@ def prepared_backend(backend, model, sample):
     return backend, target.signature
 
 
+def choice_with_buckets(target, general, buckets):
+    """The choice optimize() would return with these buckets on `target`, the general
+    candidate `general` (the outputs observed on a sample drawn like the tuning one)."""
+    import numpy as np
+
+    from infertune.model.outputs import OutputSignature
+    from infertune.result.choice import Choice
+
+    sample = target.signature.random_inputs(np.random.default_rng(0))
+    outputs = OutputSignature.observed(target.output_structure, [general.run(sample)], True)
+    return Choice(general, target.signature, outputs, buckets=buckets)
+
+
 def forced(model, sample, name: str, *, exact_shape: str | None = None, **options):
     """optimize(model, sample, **options) with `name` chosen (and `exact_shape` as the
     exact-shape path), verified as optimize() verifies them but not measured: for a test that

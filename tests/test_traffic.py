@@ -8,7 +8,7 @@ import threading
 
 import numpy as np
 import pytest
-from helpers import needs_onnxruntime, weight_copying
+from helpers import choice_with_buckets, needs_onnxruntime, weight_copying
 from traffic_models import lossy_encoder, masked_encoder, request, traffic
 
 import infertune
@@ -348,17 +348,6 @@ def test_litert_buckets_keep_interpreters_of_their_own_shapes(encoder):
     assert shapes == [[(1, 8), (1, 8)], [(1, 20), (1, 20)]]
 
 
-def _choice_of(target, general, buckets):
-    """The choice optimize() would return with these buckets (the outputs observed on the
-    sample by `general`)."""
-    from infertune.model.outputs import OutputSignature
-    from infertune.result.choice import Choice
-
-    sample = target.signature.random_inputs(np.random.default_rng(0))
-    outputs = OutputSignature.observed(target.output_structure, [general.run(sample)], True)
-    return Choice(general, target.signature, outputs, buckets=buckets)
-
-
 @pytest.mark.skipif(
     __import__("importlib").util.find_spec("ai_edge_litert") is None, reason="LiteRT"
 )
@@ -385,7 +374,7 @@ def test_warm_up_allocates_each_buckets_interpreters_at_its_bound_before_any_req
     buckets.run  # noqa: B018 (the dispatch built, as a call path builds it: no call yet)
     before = [pool.idle[0].shapes for pool in litert._bucket_pools]
     assert before == [[], []]  # opened, allocated at no shape yet
-    note = warm_up(_choice_of(target, free, buckets))
+    note = warm_up(choice_with_buckets(target, free, buckets))
     assert note.startswith("warmed up before the first call: 4 call paths in ")
     shapes = [pool.idle[0].shapes for pool in litert._bucket_pools]
     assert shapes == [[(1, 12), (1, 12)], [(1, 20), (1, 20)]]
@@ -417,7 +406,7 @@ def test_a_failing_warm_up_call_is_named_and_warned_about_and_the_rest_still_run
         FreeDim("length", ((0, 1), (1, 1))), [Bucket(12, free, True), Bucket(20, free, True)],
         free, pad_values_for(0, target.signature), ((1, 1),),
     )  # fmt: skip
-    choice = _choice_of(target, free, buckets)
+    choice = choice_with_buckets(target, free, buckets)
     calls.clear()
     with pytest.warns(UserWarning, match="the bucket up to 12: ValueError: length 12 is out"):
         note = warm_up(choice)

@@ -205,15 +205,13 @@ def test_warm_up_opens_each_buckets_engine_before_the_first_request(encoder):
     first request (calling.warm_up): each padded bucket's engine is opened then (read from
     the engine cache, or built there on a host whose cache lacks it), not inside a
     request."""
-    from helpers import target_for
+    from helpers import choice_with_buckets, target_for
 
     from infertune.backends.onnxruntime.cpu import OnnxRuntimeCpu
-    from infertune.model.outputs import OutputSignature
     from infertune.model.traffic import FreeDim
     from infertune.pipeline.padding import pad_values_for
     from infertune.result.buckets import Bucket, Buckets
     from infertune.result.calling import warm_up
-    from infertune.result.choice import Choice
 
     target = target_for(encoder, request(8))
     engine, free = EngineOnCpu(), OnnxRuntimeCpu()
@@ -224,9 +222,7 @@ def test_warm_up_opens_each_buckets_engine_before_the_first_request(encoder):
         FreeDim("length", ((0, 1), (1, 1))), [Bucket(16, engine, True), Bucket(32, engine, True)],
         free, pad_values_for(0, signature), ((1, 1),),
     )  # fmt: skip
-    sample = signature.random_inputs(np.random.default_rng(0))
-    outputs = OutputSignature.observed(target.output_structure, [free.run(sample)], True)
-    warm_up(Choice(free, signature, outputs, buckets=buckets))
+    warm_up(choice_with_buckets(target, free, buckets))
     main = engine._profile
     assert engine.opened == [main, main.at_shapes([(1, 16)] * 2), main.at_shapes([(1, 32)] * 2)]
     x = request(30, seed=3)
